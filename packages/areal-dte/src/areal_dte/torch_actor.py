@@ -1,0 +1,116 @@
+"""Trainer side for a plain torch loop: fp32 masters, a low-precision model copy, delta sync.
+
+This is the single-process shape of what Megatron-core's mixed-precision optimizer does:
+an optimizer updates fp32 master weights, and after each step the masters are cast into
+the model's low-precision tensors, which are what the rollout needs. ``TorchActor`` owns
+that cast, picks the detector and drives a ``dte_transport.Sender``.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+from collections.abc import Callable, Mapping
+
+import torch
+from dte_codec import ChangeSet
+from dte_detector import CastDetector, Snapshot, invert_adamw, torch_adamw_states
+from dte_detector.errors import StepGapError
+from dte_transport import Sender, SyncReport
+
+log = logging.getLogger(__name__)
+
+STEP_GAP = "step_gap"
+
+
+class Method(enum.Enum):
+    """How the changed elements of a version are found."""
+
+    ADAMW = "adamw"
+    """Invert the one AdamW step since the last sync (a step gap forces a full sync)."""
+    CAST = "cast"
+    """Exact dirty bits at the master -> model cast; any optimizer, any number of steps."""
+    SNAPSHOT = "snapshot"
+    """Bitwise diff against a retained copy of the model (costs a copy; verification)."""
+
+
+class TorchActor:
+    """Mixed-precision weights of a torch training loop, synced as deltas.
+
+    Args:
+        masters: the fp32 parameters the optimizer updates, by name.
+        optimizer: a ``torch.optim`` optimizer over ``masters`` (AdamW for ``Method.ADAMW``).
+        sender: delivers versions to the rollout side.
+        method: how changes are detected.
+        dtype: the model copy's dtype, i.e. what the rollout receives.
+    """
+
+    def __init__(self, masters: Mapping[str, torch.Tensor], optimizer: torch.optim.Optimizer,
+                 sender: Sender, *, method: Method, dtype: torch.dtype = torch.bfloat16):
+        self.masters = dict(masters)
+        self.optimizer = optimizer
+        self.sender = sender
+        self.method = method
+        self.model = {name: p.detach().to(dtype, copy=True) for name, p in self.masters.items()}
+        self._names = {id(p): name for name, p in self.masters.items()}
+        self._cast = CastDetector()
+        self._snapshot = Snapshot()
+        self._hyper: dict[str, object] = {}
+        self._synced_steps: dict[str, int] = {}
+
+    def step(self) -> None:
+        """One optimizer step, then the cast of every master into the model copy."""
+        self.optimizer.step()
+        if self.method == Method.ADAMW:
+            self._hyper = {self._names[id(s.param)]: s
+                           for s in torch_adamw_states(self.optimizer)}
+        for name, master in self.masters.items():
+            if self.method == Method.CAST:
+                self._cast.record(name, master, self.model[name])
+            self.model[name].copy_(master.detach())
+
+    def sync(self, version: int) -> SyncReport:
+        """Deliver the model copy as ``version`` and reset the detector on commit."""
+        if self.method == Method.ADAMW and self.sender.acknowledged is not None:
+            gap = self._step_gap()
+            if gap is not None:
+                log.info("v%d: %s, syncing in full", version, gap)
+                report = self.sender.sync_full(self.model, version=version, reason=STEP_GAP)
+                self._committed()
+                return report
+        report = self.sender.sync(self.model, version=version, changes=self._changes())
+        self._committed()
+        return report
+
+    def _changes(self) -> Callable[[], Mapping[str, ChangeSet]]:
+        if self.method == Method.CAST:
+            return lambda: {n: self._cast.changes(n, t) for n, t in self.model.items()}
+        if self.method == Method.SNAPSHOT:
+            return lambda: {n: self._snapshot.changes(n, t) for n, t in self.model.items()}
+        return lambda: {n: self._invert(n) for n in self.model}
+
+    def _invert(self, name: str) -> ChangeSet:
+        state = self._hyper.get(name)
+        if state is None:  # never stepped: unchanged since the start
+            return ChangeSet.empty(self.model[name])
+        return invert_adamw(name, state.param, state.exp_avg, state.exp_avg_sq, state.hyper,
+                            previous_step=self._synced_steps.get(name, 0),
+                            dtype=self.model[name].dtype)
+
+    def _step_gap(self) -> StepGapError | None:
+        for name in self.model:
+            state = self._hyper.get(name)
+            current = state.hyper.step if state is not None else 0
+            previous = self._synced_steps.get(name, 0)
+            if current not in (previous, previous + 1):
+                return StepGapError(name, previous=previous, current=current)
+        return None
+
+    def _committed(self) -> None:
+        if self.method == Method.ADAMW:
+            self._synced_steps = {n: s.hyper.step for n, s in self._hyper.items()}
+        elif self.method == Method.CAST:
+            self._cast.clear()
+        else:
+            for name, tensor in self.model.items():
+                self._snapshot.retain(name, tensor)

@@ -1,0 +1,26 @@
+"""dte-codec: what the bytes of a weight sync mean.
+
+A payload is full (every tensor dense) or a delta from one version to the next (per
+tensor the cheapest exact encoding). ``decode`` validates everything it can on its own,
+``apply_`` checks the payload against the receiver and writes all or nothing.
+"""
+
+from .apply import apply_
+from .decode import Payload, decode
+from .digest import digests
+from .encode import ChangeSet, encode_delta, encode_full
+from .errors import CodecError
+from .header import Header, Kind
+
+__all__ = [
+    "ChangeSet",
+    "CodecError",
+    "Header",
+    "Kind",
+    "Payload",
+    "apply_",
+    "decode",
+    "digests",
+    "encode_delta",
+    "encode_full",
+]

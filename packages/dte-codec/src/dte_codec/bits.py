@@ -1,0 +1,70 @@
+"""Bit-level building blocks, all vectorised torch ops so they run on the tensor's device.
+
+Bit order is little-endian everywhere: bit ``i`` of a packed stream is bit ``i % 8`` (LSB
+first) of byte ``i // 8``, and a ``width``-bit field stores its least significant bit first.
+"""
+
+from __future__ import annotations
+
+import torch
+
+_BYTE_BITS = 8
+
+
+def _shifts(count: int, device: torch.device) -> torch.Tensor:
+    return torch.arange(count, device=device, dtype=torch.int64)
+
+
+def pack_bits(mask: torch.Tensor) -> torch.Tensor:
+    """Pack a flat bool tensor into ``ceil(n / 8)`` bytes (LSB first, zero padding)."""
+    n = mask.numel()
+    padded = torch.zeros(-(-n // _BYTE_BITS) * _BYTE_BITS, dtype=torch.int64, device=mask.device)
+    padded[:n] = mask.reshape(-1)
+    weights = 1 << _shifts(_BYTE_BITS, mask.device)
+    return (padded.view(-1, _BYTE_BITS) * weights).sum(1).to(torch.uint8)
+
+
+def unpack_bits(packed: torch.Tensor, count: int) -> torch.Tensor:
+    """Inverse of ``pack_bits``: the first ``count`` bits of ``packed`` as a bool tensor."""
+    bits = (packed.to(torch.int64).unsqueeze(1) >> _shifts(_BYTE_BITS, packed.device)) & 1
+    return bits.reshape(-1)[:count].bool()
+
+
+def pack_fields(values: torch.Tensor, width: int) -> torch.Tensor:
+    """Pack non-negative int64 values, each into ``width`` bits."""
+    bits = (values.to(torch.int64).unsqueeze(1) >> _shifts(width, values.device)) & 1
+    return pack_bits(bits.reshape(-1))
+
+
+def unpack_fields(packed: torch.Tensor, count: int, width: int) -> torch.Tensor:
+    """Inverse of ``pack_fields``: ``count`` int64 values of ``width`` bits each."""
+    bits = unpack_bits(packed, count * width).view(count, width).to(torch.int64)
+    return (bits << _shifts(width, packed.device)).sum(1)
+
+
+def bit_length(values: torch.Tensor) -> torch.Tensor:
+    """Number of bits needed for each non-negative int64 value < 2**53 (0 for 0)."""
+    _, exponent = torch.frexp(values.to(torch.float64))
+    return exponent.to(torch.int64)
+
+
+def order_keys(bits: torch.Tensor, width: int) -> torch.Tensor:
+    """Map sign-magnitude float bit patterns to unsigned keys in the floats' total order.
+
+    Negative patterns are flipped, positive ones get the top bit set, so keys increase
+    with the value (-0 sits just below +0, NaNs at both ends). The map is a bijection on
+    ``width``-bit patterns; ``from_order_keys`` inverts it.
+    """
+    mask = (1 << width) - 1
+    top = 1 << (width - 1)
+    unsigned = bits.to(torch.int64) & mask
+    negative = (unsigned & top) != 0
+    return torch.where(negative, unsigned ^ mask, unsigned | top)
+
+
+def from_order_keys(keys: torch.Tensor, width: int) -> torch.Tensor:
+    """Inverse of ``order_keys``: unsigned ``width``-bit patterns as int64."""
+    mask = (1 << width) - 1
+    top = 1 << (width - 1)
+    upper_half = (keys & top) != 0
+    return torch.where(upper_half, keys ^ top, keys ^ mask)

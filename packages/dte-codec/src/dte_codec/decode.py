@@ -1,0 +1,71 @@
+"""Parse and validate a payload: header, digest, section sizes, indices and escapes.
+
+Everything that can be checked without the receiver's tensors is checked here, so that
+``apply_`` only has to match names, dtypes and shapes before it writes.
+"""
+
+from __future__ import annotations
+
+import attrs
+import torch
+
+from .header import Header, IndexEncoding, align
+from .indices import decode_indices
+from .values import check_escapes
+
+
+@attrs.frozen
+class Payload:
+    """A decoded payload: its header and, per entry, validated indices and value sections."""
+
+    header: Header
+    indices: tuple[torch.Tensor | None, ...]
+    """Per entry, int64 flat indices; ``None`` for dense entries."""
+    values: tuple[tuple[torch.Tensor, ...], ...]
+    """Per entry, the value sections as uint8 tensors (see ``FORMAT.md``)."""
+
+    @property
+    def nbytes(self) -> int:
+        """Size of the body in bytes (the header is not counted)."""
+        return self.header.body_size()
+
+
+def decode(data: bytes | bytearray | memoryview, *, device: str | torch.device = "cpu"
+           ) -> Payload:
+    """Parse ``data`` into a ``Payload`` whose tensors live on ``device``.
+
+    Raises:
+        HeaderError: truncated or inconsistent header fields.
+        DigestError: the bytes do not match the header's digest.
+        EntryError: invalid indices or escape positions inside an entry.
+    """
+    view = memoryview(data).cast("B")
+    header, offset = Header.unpack(view)
+    body = _body(view[offset:], device)
+    indices, values = [], []
+    for entry, sections in zip(header.entries, _split(header, body)):
+        n_index = len(entry.index_sections())
+        index_sections, value_sections = sections[:n_index], sections[n_index:]
+        check_escapes(entry, value_sections)
+        dense = entry.index_encoding == IndexEncoding.DENSE
+        indices.append(None if dense else decode_indices(entry, index_sections))
+        values.append(value_sections)
+    return Payload(header=header, indices=tuple(indices), values=tuple(values))
+
+
+def _body(raw: memoryview, device: str | torch.device) -> torch.Tensor:
+    if len(raw) == 0:
+        return torch.empty(0, dtype=torch.uint8, device=device)
+    return torch.frombuffer(bytearray(raw), dtype=torch.uint8).to(device)
+
+
+def _split(header: Header, body: torch.Tensor) -> list[tuple[torch.Tensor, ...]]:
+    out, pos = [], 0
+    for entry in header.entries:
+        sections = []
+        for size in entry.section_sizes():
+            sections.append(body[pos:pos + size])
+            pos += align(size)
+        out.append(tuple(sections))
+    return out
+

@@ -1,0 +1,306 @@
+"""The self-describing payload header: prelude, stream identity, versions, entry table.
+
+Layout, byte order and validation order are specified in ``FORMAT.md``; this module is
+its only implementation. ``Header.pack`` and ``Header.unpack`` are exact inverses.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+import struct
+
+import attrs
+import torch
+import xxhash
+
+from .errors import DigestError, HeaderError
+
+MAGIC = b"DTEP"
+CODEC_VERSION = 1
+ALIGNMENT = 8
+NO_BASE = -1
+MAX_NDIM = 16
+MAX_NAME_BYTES = 65535
+INDEX32_LIMIT = 2**31
+"""Tensors with fewer elements than this use int32 indices and escape lists."""
+
+_PRELUDE = struct.Struct("<4sHBBIIqqQQH")
+DIGEST_OFFSET = struct.calcsize("<4sHBBIIqqQ")
+"""Byte offset of the 8-byte digest field inside the prelude."""
+_NAME_LENGTH = struct.Struct("<H")
+_ENTRY_FIELDS = struct.Struct("<BBBBBBHQQQ")
+_DIM = struct.Struct("<Q")
+
+DTYPES: dict[int, torch.dtype] = {
+    1: torch.bfloat16,
+    2: torch.float16,
+    3: torch.float32,
+    4: torch.float64,
+    5: torch.int8,
+    6: torch.uint8,
+    7: torch.int16,
+    8: torch.int32,
+    9: torch.int64,
+    10: torch.bool,
+}
+DTYPE_CODES = {dtype: code for code, dtype in DTYPES.items()}
+RESIDUE_DTYPES = frozenset({torch.bfloat16, torch.float16, torch.float32})
+"""Payload dtypes whose values may be coded as residues against the receiver's base."""
+
+
+class Kind(enum.IntEnum):
+    FULL = 0
+    DELTA = 1
+
+
+class IndexEncoding(enum.IntEnum):
+    DENSE = 0
+    INT32 = 1
+    INT64 = 2
+    BITMAP = 3
+    GAP8 = 4
+    ELIAS_FANO = 5
+
+
+class ValueEncoding(enum.IntEnum):
+    RAW = 0
+    RESIDUE = 1
+
+
+def align(size: int) -> int:
+    return -(-size // ALIGNMENT) * ALIGNMENT
+
+
+def index_itemsize(limit: int) -> int:
+    """Bytes per index or position into a sequence of ``limit`` elements."""
+    return 4 if limit < INDEX32_LIMIT else 8
+
+
+@attrs.frozen(kw_only=True)
+class Entry:
+    """One tensor of a payload: what it is and how its sections are encoded."""
+
+    name: str
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+    count: int
+    """Number of elements carried (numel for dense entries)."""
+    index_encoding: IndexEncoding = IndexEncoding.DENSE
+    index_width: int = 0
+    """Low-bit width of Elias-Fano indices; 0 otherwise."""
+    index_escapes: int = 0
+    """Number of gaps too large for one byte (GAP8 only)."""
+    value_encoding: ValueEncoding = ValueEncoding.RAW
+    value_width: int = 0
+    """Residue width in bits (RESIDUE only)."""
+    value_escapes: int = 0
+    """Number of values sent raw because their residue would not fit (RESIDUE only)."""
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def itemsize(self) -> int:
+        return torch.empty((), dtype=self.dtype).element_size()
+
+    def section_sizes(self) -> tuple[int, ...]:
+        """Unpadded byte sizes of this entry's body sections, in body order."""
+        return self.index_sections() + self.value_sections()
+
+    def index_sections(self) -> tuple[int, ...]:
+        n, numel, enc = self.count, self.numel, self.index_encoding
+        isz = index_itemsize(numel)
+        if enc == IndexEncoding.DENSE:
+            return ()
+        if enc in (IndexEncoding.INT32, IndexEncoding.INT64):
+            return (n * (4 if enc == IndexEncoding.INT32 else 8),)
+        if enc == IndexEncoding.BITMAP:
+            return (-(-numel // 8),)
+        if enc == IndexEncoding.GAP8:
+            return (n, self.index_escapes * isz)
+        upper_bits = n + ((max(numel, 1) - 1) >> self.index_width) + 1
+        return (-(-n * self.index_width // 8), -(-upper_bits // 8))
+
+    def value_sections(self) -> tuple[int, ...]:
+        n, itemsize = self.count, self.itemsize
+        if self.value_encoding == ValueEncoding.RAW:
+            return (n * itemsize,)
+        fields = n - self.value_escapes
+        esc = self.value_escapes
+        return (-(-fields * self.value_width // 8), esc * index_itemsize(n), esc * itemsize)
+
+    def validate(self, kind: Kind) -> None:
+        """Check the entry's fields against each other; raise ``HeaderError`` naming the field."""
+        _check(self.name, "ndim", f"<= {MAX_NDIM}", len(self.shape), len(self.shape) <= MAX_NDIM)
+        _check(self.name, "numel", "< 2**62", self.numel, self.numel < 2**62)
+        _check(self.name, "count", f"<= numel {self.numel}", self.count, self.count <= self.numel)
+        dense = self.index_encoding == IndexEncoding.DENSE
+        _check(self.name, "index_encoding", "DENSE in a full payload", self.index_encoding.name,
+               dense or kind == Kind.DELTA)
+        _check(self.name, "count", f"numel {self.numel} for a dense entry", self.count,
+               not dense or self.count == self.numel)
+        _check(self.name, "count", ">= 1 for a sparse entry", self.count, dense or self.count >= 1)
+        _check(self.name, "value_encoding", "RAW for a dense entry", self.value_encoding.name,
+               not dense or self.value_encoding == ValueEncoding.RAW)
+        _check(self.name, "index_encoding", "INT64 for a tensor of >= 2**31 elements",
+               self.index_encoding.name,
+               self.index_encoding != IndexEncoding.INT32 or self.numel < INDEX32_LIMIT)
+        gap = self.index_encoding == IndexEncoding.GAP8
+        _check(self.name, "index_escapes", f"0..{self.count} (GAP8 only)", self.index_escapes,
+               self.index_escapes <= self.count and (gap or self.index_escapes == 0))
+        ef = self.index_encoding == IndexEncoding.ELIAS_FANO
+        _check(self.name, "index_width", "0..62 (ELIAS_FANO only)", self.index_width,
+               self.index_width <= 62 and (ef or self.index_width == 0))
+        self._validate_values()
+
+    def _validate_values(self) -> None:
+        residue = self.value_encoding == ValueEncoding.RESIDUE
+        _check(self.name, "value_encoding", "RAW for dtype " + str(self.dtype),
+               self.value_encoding.name, not residue or self.dtype in RESIDUE_DTYPES)
+        max_width = self.itemsize * 8 - 1
+        _check(self.name, "value_width", f"1..{max_width} (RESIDUE only)", self.value_width,
+               (1 <= self.value_width <= max_width) if residue else self.value_width == 0)
+        _check(self.name, "value_escapes", f"0..{self.count} (RESIDUE only)", self.value_escapes,
+               self.value_escapes <= self.count and (residue or self.value_escapes == 0))
+
+
+def _check(tensor: str | None, field: str, expected: object, got: object, ok: bool) -> None:
+    if not ok:
+        raise HeaderError(field, expected=expected, got=got, tensor=tensor)
+
+
+@attrs.frozen(kw_only=True)
+class Header:
+    """Identity and table of contents of one payload, full or delta."""
+
+    stream_id: str
+    kind: Kind
+    base_version: int
+    """The version a delta applies onto; ``NO_BASE`` (-1) for full payloads."""
+    payload_version: int
+    entries: tuple[Entry, ...]
+
+    def body_size(self) -> int:
+        return sum(align(s) for e in self.entries for s in e.section_sizes())
+
+    def validate(self) -> None:
+        """Check header fields and every entry; raise ``HeaderError`` naming the field."""
+        _check(None, "payload_version", "0..2**63-1", self.payload_version,
+               0 <= self.payload_version < 2**63)
+        if self.kind == Kind.FULL:
+            _check(None, "base_version", f"{NO_BASE} for a full payload", self.base_version,
+                   self.base_version == NO_BASE)
+        else:
+            _check(None, "base_version", f"0..{self.payload_version - 1} for a delta",
+                   self.base_version, 0 <= self.base_version < self.payload_version)
+        names = [e.name for e in self.entries]
+        _check(None, "entries", "unique names", names, len(set(names)) == len(names))
+        for entry in self.entries:
+            entry.validate(self.kind)
+
+    def pack(self) -> bytes:
+        """Header bytes with a zero digest field, padded to the body's alignment."""
+        table = b"".join(_pack_entry(e) for e in self.entries)
+        stream = self.stream_id.encode()
+        length = _PRELUDE.size + len(stream) + len(table)
+        prelude = _PRELUDE.pack(MAGIC, CODEC_VERSION, self.kind, 0, length, len(self.entries),
+                                self.base_version, self.payload_version, self.body_size(), 0,
+                                len(stream))
+        return (prelude + stream + table).ljust(align(length), b"\0")
+
+    @classmethod
+    def unpack(cls, data: memoryview) -> tuple[Header, int]:
+        """Parse and validate a header; return it with the body's offset in ``data``."""
+        return _Reader(data).header()
+
+
+def payload_digest(data: bytes | bytearray | memoryview) -> int:
+    """xxh3-64 of a whole payload, with its own digest field read as zero."""
+    hasher = xxhash.xxh3_64()
+    hasher.update(data[:DIGEST_OFFSET])
+    hasher.update(bytes(8))
+    hasher.update(data[DIGEST_OFFSET + 8:])
+    return hasher.intdigest()
+
+
+def _pack_entry(entry: Entry) -> bytes:
+    name = entry.name.encode()
+    fields = _ENTRY_FIELDS.pack(DTYPE_CODES[entry.dtype], len(entry.shape), entry.index_encoding,
+                                entry.value_encoding, entry.index_width, entry.value_width, 0,
+                                entry.count, entry.index_escapes, entry.value_escapes)
+    dims = b"".join(_DIM.pack(d) for d in entry.shape)
+    return _NAME_LENGTH.pack(len(name)) + name + fields + dims
+
+
+class _Reader:
+    """Bounds-checked sequential reader; every failure is a ``HeaderError``."""
+
+    def __init__(self, data: memoryview):
+        self.data = data
+        self.pos = 0
+
+    def take(self, size: int, what: str) -> memoryview:
+        end = self.pos + size
+        _check(None, what, f"{size} bytes at offset {self.pos}", f"{len(self.data)} bytes in all",
+               end <= len(self.data))
+        chunk = self.data[self.pos:end]
+        self.pos = end
+        return chunk
+
+    def text(self, size: int, what: str) -> str:
+        raw = bytes(self.take(size, what))
+        try:
+            return raw.decode()
+        except UnicodeDecodeError:
+            raise HeaderError(what, expected="UTF-8 text", got=raw[:32]) from None
+
+    def enum(self, cls: type[enum.IntEnum], value: int, field: str, tensor: str | None):
+        try:
+            return cls(value)
+        except ValueError:
+            raise HeaderError(field, expected=f"one of {[m.value for m in cls]}", got=value,
+                              tensor=tensor) from None
+
+    def header(self) -> tuple[Header, int]:
+        (magic, version, kind, reserved, length, n_entries, base, payload, body, _, n_stream
+         ) = _PRELUDE.unpack(self.take(_PRELUDE.size, "prelude"))
+        _check(None, "magic", MAGIC, magic, magic == MAGIC)
+        _check(None, "codec_version", CODEC_VERSION, version, version == CODEC_VERSION)
+        _check(None, "reserved", 0, reserved, reserved == 0)
+        _check(None, "header_length", f"{_PRELUDE.size}..{len(self.data)}", length,
+               _PRELUDE.size <= length <= len(self.data))
+        total = align(length) + body
+        _check(None, "payload size", f"{total} bytes (header + body)", len(self.data),
+               total == len(self.data))
+        stored = struct.unpack_from("<Q", self.data, DIGEST_OFFSET)[0]
+        if stored != payload_digest(self.data):
+            raise DigestError("digest", expected=f"{payload_digest(self.data):#018x}",
+                              got=f"{stored:#018x}")
+        kind = self.enum(Kind, kind, "kind", None)
+        self.data = self.data[:length]
+        stream = self.text(n_stream, "stream_id")
+        entries = tuple(self.entry() for _ in range(n_entries))
+        _check(None, "header_length", self.pos, length, self.pos == length)
+        header = Header(stream_id=stream, kind=kind, base_version=base, payload_version=payload,
+                        entries=entries)
+        header.validate()
+        _check(None, "body_length", header.body_size(), body, header.body_size() == body)
+        return header, align(length)
+
+    def entry(self) -> Entry:
+        (n_name,) = _NAME_LENGTH.unpack(self.take(_NAME_LENGTH.size, "entry name length"))
+        name = self.text(n_name, "entry name")
+        (dtype, ndim, index_enc, value_enc, index_width, value_width, reserved, count,
+         index_esc, value_esc) = _ENTRY_FIELDS.unpack(self.take(_ENTRY_FIELDS.size, "entry fields"))
+        _check(name, "dtype", f"one of {sorted(DTYPES)}", dtype, dtype in DTYPES)
+        _check(name, "reserved", 0, reserved, reserved == 0)
+        _check(name, "ndim", f"<= {MAX_NDIM}", ndim, ndim <= MAX_NDIM)
+        shape = tuple(_DIM.unpack(self.take(_DIM.size, "shape"))[0] for _ in range(ndim))
+        _check(name, "shape", "dimensions < 2**62", shape, all(d < 2**62 for d in shape))
+        return Entry(name=name, dtype=DTYPES[dtype], shape=shape, count=count,
+                     index_encoding=self.enum(IndexEncoding, index_enc, "index_encoding", name),
+                     index_width=index_width, index_escapes=index_esc,
+                     value_encoding=self.enum(ValueEncoding, value_enc, "value_encoding", name),
+                     value_width=value_width, value_escapes=value_esc)

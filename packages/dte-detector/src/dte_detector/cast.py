@@ -1,0 +1,62 @@
+"""Exact dirty bits recorded where fp32 master weights are cast into the model copy.
+
+Call ``record`` right before the master is copied into the low-precision model tensor
+(Megatron's ``_copy_main_params_to_model_params``, or ``model.copy_(master)`` in a plain
+loop): an element is dirty iff ``cast(master)`` and the model differ in bits. Dirty bits
+accumulate in a packed map (1 bit per element) over any number of optimizer steps of any
+optimizer until ``clear``. The value an element had when it first turned dirty is the
+receiver's base, so it is kept too (O(changed) memory), which makes the change sets exact.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .changes import ChangeSet, index_dtype, int_bits
+
+_BYTE_WEIGHTS = 1 << torch.arange(8)
+
+
+def _pack(mask: torch.Tensor) -> torch.Tensor:
+    padded = torch.zeros(-(-mask.numel() // 8) * 8, dtype=torch.int64, device=mask.device)
+    padded[: mask.numel()] = mask
+    return (padded.view(-1, 8) * _BYTE_WEIGHTS.to(mask.device)).sum(1).to(torch.uint8)
+
+
+def _unpack(packed: torch.Tensor, count: int) -> torch.Tensor:
+    shifts = torch.arange(8, device=packed.device)
+    return ((packed.to(torch.int64).unsqueeze(1) >> shifts) & 1).view(-1)[:count].bool()
+
+
+class CastDetector:
+    """Accumulates exact dirty bits per tensor between two syncs."""
+
+    def __init__(self) -> None:
+        self._dirty: dict[str, torch.Tensor] = {}
+        self._first_seen: dict[str, list[tuple[torch.Tensor, torch.Tensor]]] = {}
+
+    def record(self, name: str, master: torch.Tensor, model: torch.Tensor) -> None:
+        """Mark what the coming ``model.copy_(master)`` will change; call it before the copy."""
+        flat = model.detach().reshape(-1)
+        flips = int_bits(master.detach().reshape(-1).to(model.dtype)) != int_bits(flat)
+        dirty = self._dirty.get(name)
+        before = torch.zeros_like(flips) if dirty is None else _unpack(dirty, flips.numel())
+        fresh = torch.nonzero(flips & ~before).view(-1)
+        if fresh.numel():
+            self._first_seen.setdefault(name, []).append((fresh, flat[fresh].clone()))
+        self._dirty[name] = _pack(before | flips)
+
+    def changes(self, name: str, model: torch.Tensor) -> ChangeSet:
+        """Every element of ``model`` dirtied since the last ``clear``, with its old value."""
+        seen = self._first_seen.get(name)
+        if not seen:
+            return ChangeSet.empty(model)
+        indices = torch.cat([i for i, _ in seen])
+        order = torch.argsort(indices)
+        base = torch.cat([v for _, v in seen])[order]
+        return ChangeSet.exact(indices[order].to(index_dtype(model.numel())), base)
+
+    def clear(self) -> None:
+        """Start a new interval (after a committed sync)."""
+        self._dirty.clear()
+        self._first_seen.clear()

@@ -1,0 +1,35 @@
+"""The one error hierarchy of dte-detector."""
+
+from __future__ import annotations
+
+
+class DetectorError(Exception):
+    """Root of every error raised by dte-detector."""
+
+
+class UnsupportedOptimizerError(DetectorError, ValueError):
+    """The optimizer's update cannot be inverted (e.g. AMSGrad, coupled L2 decay)."""
+
+    def __init__(self, field: str, got: object, expected: object):
+        self.field, self.got, self.expected = field, got, expected
+        super().__init__(f"optimizer {field}: expected {expected}, got {got!r}")
+
+
+class StepGapError(DetectorError, ValueError):
+    """The optimizer advanced by more than one step since the reference; cannot invert."""
+
+    def __init__(self, tensor: str, *, previous: int, current: int):
+        self.tensor, self.previous, self.current = tensor, previous, current
+        super().__init__(f"tensor {tensor!r}: optimizer step went from {previous} to {current}; "
+                         "the inversion covers exactly one step, sync this version in full")
+
+
+class NoReferenceError(DetectorError, KeyError):
+    """A snapshot diff was asked for a tensor that has no retained copy."""
+
+    def __init__(self, tensor: str):
+        self.tensor = tensor
+        super().__init__(f"tensor {tensor!r}: no retained copy; sync it in full first")
+
+    def __str__(self) -> str:
+        return self.args[0]

@@ -1,0 +1,147 @@
+"""Changed elements of a low-precision model copy, recovered by inverting one AdamW step.
+
+After a decoupled AdamW step the optimizer holds the new fp32 master ``p`` and the
+moments ``m``, ``v`` that produced it. The update is recomputed from them,
+``u = lr / bc1 * m / (sqrt(v) / sqrt(bc2) + eps)``, and the pre-step master is
+estimated as ``e = (p + u) / c`` with ``c = 1 - lr * wd``. The model copy changed iff
+``cast(p0) != cast(p)`` for the payload dtype's round-to-nearest-even cast.
+
+Soundness (no change ever missed). ``e`` is not ``p0``: both the optimizer's forward
+arithmetic and ours round. With ``eps32 = 2**-24`` (fp32 unit roundoff), ``eta = 2**-150``
+(the absolute error of one rounding into fp32 subnormals) and ``A = |p| + |u|``:
+
+* the forward rounds ``p1 = p0 * c`` (or ``p0 - lr*wd*p0`` in fused kernels, and ``c``
+  itself may be rounded to fp32): relative error <= 2 eps32 of ``|p1| <= A``;
+* the forward rounds ``p = p1 - u'`` once (addcdiv, FMA or not): <= eps32 |p| + eta;
+* the forward's ``u'`` and our ``u`` come from the same ``m``, ``v`` and scalars through
+  at most six rounded operations in possibly different orders (torch's for-loop,
+  foreach and fused kernels differ here): ``|u' - u| <= 6 eps32 |u|``;
+* our ``p + u`` and ``/ c`` round once each: <= 2 eps32 A / c, plus eta each.
+
+Summing, ``|p0 - e| <= (11 eps32 A + 3 eta) / c``; the bounds ``e -+ g`` are themselves
+rounded once more (one eps32). The default guard ``g = 16 (eps32 A + eta) / c`` covers
+this with margin. If both ``cast(e - g)`` and ``cast(e + g)`` equal ``cast(p)`` bit for bit
+then, the cast being monotone, so does ``cast(p0)``: unchanged. Everything else is
+reported, so over-reporting is about ``2 g`` over the width of a cast bucket (~1e-4 of the
+elements for bf16; all elements with a non-zero update for fp32 payloads, whose bucket
+is a single value) and is measured by ``tools/bench_detectors.py``.
+
+Exact cases. ``m == 0`` gives ``u' == 0`` in every implementation, so with ``c == 1``,
+or with ``p == 0`` and ``c > 1/2``, the master did not move: unchanged. Any non-finite
+``p`` or ``u`` is reported with unknown bounds.
+
+Assumptions: IEEE fp32 arithmetic with round-to-nearest and no flush-to-zero in the
+optimizer; exactly one step between the reference and now (``previous_step + 1``);
+decoupled weight decay (``torch.optim.AdamW``, or ``Adam`` with
+``decoupled_weight_decay=True``); no AMSGrad; the lr, betas, eps and weight decay that
+the step used. The test suite checks the bound adversarially (values placed at and next
+to rounding boundaries) against torch's for-loop, foreach and fused AdamW.
+"""
+
+from __future__ import annotations
+
+import math
+
+import attrs
+import torch
+from attrs.validators import ge, gt, lt
+
+from .changes import ChangeSet, index_dtype, int_bits, unknown_bounds
+from .errors import StepGapError
+
+UNIT_ROUNDOFF = 2.0**-24
+SUBNORMAL_ROUNDING = 2.0**-150
+GUARD_ULPS = 16.0
+"""Default guard width in fp32 unit roundoffs of ``|p| + |u|`` (>= 12 derived above)."""
+CHUNK = 1 << 22
+"""Elements processed at once, bounding the temporaries to a few tens of MiB."""
+
+
+def _decay_below_half(instance: AdamWStep, attribute: attrs.Attribute, value: float) -> None:
+    if not 0 <= instance.lr * value < 0.5:
+        raise ValueError(f"lr * weight_decay must lie in [0, 0.5), got {instance.lr * value}")
+
+
+@attrs.frozen(kw_only=True)
+class AdamWStep:
+    """The hyper-parameters one decoupled AdamW step used, and its step count."""
+
+    lr: float = attrs.field(validator=ge(0.0))
+    """Learning rate used for that step (before any scheduler moved it)."""
+    weight_decay: float = attrs.field(default=0.0, validator=[ge(0.0), _decay_below_half])
+    """Decoupled weight decay."""
+    beta1: float = attrs.field(default=0.9, validator=[ge(0.0), lt(1.0)])
+    """First-moment decay."""
+    beta2: float = attrs.field(default=0.999, validator=[ge(0.0), lt(1.0)])
+    """Second-moment decay."""
+    eps: float = attrs.field(default=1e-8, validator=ge(0.0))
+    """Added to the denominator."""
+    step: int = attrs.field(validator=gt(0))
+    """The optimizer's step count after the step."""
+    bias_correction: bool = True
+    """Whether the step divided the moments by ``1 - beta**step``."""
+
+
+def invert_adamw(name: str, master: torch.Tensor, exp_avg: torch.Tensor,
+                 exp_avg_sq: torch.Tensor, hyper: AdamWStep, *, previous_step: int,
+                 dtype: torch.dtype, guard_ulps: float = GUARD_ULPS) -> ChangeSet:
+    """Elements of ``master.to(dtype)`` that changed in the step ``previous_step -> hyper.step``.
+
+    Args:
+        name: the tensor's name, for errors.
+        master, exp_avg, exp_avg_sq: the fp32 master and moments after the step.
+        hyper: the step's hyper-parameters.
+        previous_step: the step count of the reference; equal to ``hyper.step`` means
+            the optimizer skipped this tensor (no change).
+        dtype: the payload dtype (bf16, fp16 or fp32).
+        guard_ulps: guard band width, see the module docstring; 0 disables it (unsound).
+
+    Raises:
+        StepGapError: more than one step since the reference.
+    """
+    if hyper.step == previous_step:
+        return ChangeSet.empty(master)
+    if hyper.step != previous_step + 1:
+        raise StepGapError(name, previous=previous_step, current=hyper.step)
+    flat = [t.detach().reshape(-1) for t in (master, exp_avg, exp_avg_sq)]
+    parts = [_invert_chunk(*(t[s:s + CHUNK] for t in flat), hyper, dtype, guard_ulps)
+             for s in range(0, master.numel(), CHUNK)]
+    if not parts:
+        return ChangeSet.empty(master)
+    offsets = range(0, master.numel(), CHUNK)
+    indices = torch.cat([p[0] + o for p, o in zip(parts, offsets)])
+    return ChangeSet(indices.to(index_dtype(master.numel())), torch.cat([p[1] for p in parts]),
+                     torch.cat([p[2] for p in parts]))
+
+
+def _invert_chunk(p: torch.Tensor, m: torch.Tensor, v: torch.Tensor, h: AdamWStep,
+                  dtype: torch.dtype, guard_ulps: float):
+    bc1 = 1 - h.beta1**h.step if h.bias_correction else 1.0
+    bc2 = 1 - h.beta2**h.step if h.bias_correction else 1.0
+    c = float(torch.tensor(1 - h.lr * h.weight_decay, dtype=torch.float32))
+    u = m / (v.sqrt() / math.sqrt(bc2) + h.eps) * (h.lr / bc1)
+    estimate = (p + u) / c
+    guard = (p.abs() + u.abs()) * (guard_ulps * UNIT_ROUNDOFF / c)
+    guard += guard_ulps * SUBNORMAL_ROUNDING / c
+    low, high = _zero_outward((estimate - guard).to(dtype), (estimate + guard).to(dtype))
+    new = int_bits(p.to(dtype))
+    same = (int_bits(low) == new) & (int_bits(high) == new)
+    exact = (m == 0) & ((p == 0) if c != 1.0 else torch.ones_like(p, dtype=torch.bool))
+    finite = torch.isfinite(p) & torch.isfinite(u)
+    changed = ~((same | exact) & finite)
+    indices = torch.nonzero(changed).view(-1)
+    finite = finite[indices]
+    unknown = unknown_bounds(dtype, indices.numel(), p.device)
+    low, high = (torch.where(finite, int_bits(b[indices]), int_bits(u)).view(dtype)
+                 for b, u in zip((low, high), unknown))
+    return indices, low, high
+
+
+def _zero_outward(low: torch.Tensor, high: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Widen zero bounds to the outer zero: -0 as the low bound, +0 as the high one.
+
+    A real interval touching 0 may hold an old value of either sign of zero, and the two
+    zeros are distinct bit patterns.
+    """
+    return (torch.where(low == 0, torch.full_like(low, -0.0), low),
+            torch.where(high == 0, torch.zeros_like(high), high))

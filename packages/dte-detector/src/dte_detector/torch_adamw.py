@@ -1,0 +1,49 @@
+"""Read what ``invert_adamw`` needs out of a ``torch.optim`` AdamW instance."""
+
+from __future__ import annotations
+
+import attrs
+import torch
+
+from .errors import UnsupportedOptimizerError
+from .inversion import AdamWStep
+
+
+@attrs.frozen
+class AdamWState:
+    """One parameter's post-step optimizer state."""
+
+    param: torch.Tensor
+    exp_avg: torch.Tensor
+    exp_avg_sq: torch.Tensor
+    hyper: AdamWStep
+
+
+def torch_adamw_states(optimizer: torch.optim.Optimizer) -> list[AdamWState]:
+    """The state of every parameter that has taken at least one step.
+
+    Call it right after ``optimizer.step()`` and before any lr scheduler step, so that
+    each group's ``lr`` is the one the step used.
+
+    Raises:
+        UnsupportedOptimizerError: not a decoupled-decay Adam, or AMSGrad is on.
+    """
+    decoupled = isinstance(optimizer, torch.optim.AdamW)
+    if not isinstance(optimizer, torch.optim.Adam | torch.optim.AdamW):
+        raise UnsupportedOptimizerError("type", type(optimizer).__name__, "AdamW")
+    states = []
+    for group in optimizer.param_groups:
+        if group.get("amsgrad"):
+            raise UnsupportedOptimizerError("amsgrad", True, False)
+        if not (decoupled or group.get("decoupled_weight_decay") or group["weight_decay"] == 0):
+            raise UnsupportedOptimizerError("weight decay", "coupled (L2)", "decoupled")
+        beta1, beta2 = (float(b) for b in group["betas"])
+        for param in group["params"]:
+            state = optimizer.state.get(param)
+            if not state:
+                continue
+            hyper = AdamWStep(lr=float(group["lr"]), weight_decay=float(group["weight_decay"]),
+                              beta1=beta1, beta2=beta2, eps=float(group["eps"]),
+                              step=int(state["step"]))
+            states.append(AdamWState(param, state["exp_avg"], state["exp_avg_sq"], hyper))
+    return states

@@ -1,0 +1,20 @@
+"""dte-transport: moving payloads and the sender/receiver state machines around them."""
+
+from .ack import Ack, Rejection
+from .errors import TransportError
+from .loopback import Link, Loopback
+from .receiver import Receiver
+from .report import SyncKind, SyncReport
+from .sender import Sender
+
+__all__ = [
+    "Ack",
+    "Link",
+    "Loopback",
+    "Receiver",
+    "Rejection",
+    "Sender",
+    "SyncKind",
+    "SyncReport",
+    "TransportError",
+]

@@ -1,0 +1,66 @@
+"""The receiving state machine: applies full payloads and deltas onto exactly their base."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import MutableMapping
+
+import torch
+from dte_codec import CodecError, Kind, apply_, decode
+from dte_codec.errors import ApplyError, MismatchError
+
+from .ack import Ack, Rejection
+
+log = logging.getLogger(__name__)
+
+
+class Receiver:
+    """Holds live tensors at one version of one stream and moves them forward.
+
+    A full payload may arrive at any time and sets the stream and version. A delta is
+    applied only onto exactly its base version of the same stream; anything else is
+    rejected and leaves the tensors and the version as they were.
+    """
+
+    def __init__(self, weights: MutableMapping[str, torch.Tensor], *,
+                 device: str | torch.device = "cpu"):
+        self.weights = weights
+        self.device = torch.device(device)
+        self.version: int | None = None
+        self.stream_id: str | None = None
+
+    def receive(self, data: bytes) -> Ack:
+        """Decode, check and apply one payload; never raises for bad payloads."""
+        try:
+            payload = decode(data, device=self.device)
+        except CodecError as exc:
+            return self._reject(Rejection.BAD_PAYLOAD, exc)
+        header = payload.header
+        if header.kind == Kind.DELTA:
+            if header.stream_id != self.stream_id:
+                return self._reject(Rejection.WRONG_STREAM,
+                                    f"delta of stream {header.stream_id!r}, holding "
+                                    f"{self.stream_id!r}")
+            if header.base_version != self.version:
+                return self._reject(Rejection.WRONG_BASE,
+                                    f"delta onto version {header.base_version}, holding "
+                                    f"{self.version}")
+        try:
+            apply_(self.weights, payload)
+        except MismatchError as exc:
+            return self._reject(Rejection.MISMATCH, exc)
+        except ApplyError as exc:
+            if header.kind == Kind.FULL:
+                self.version = self.stream_id = None
+            return self._reject(Rejection.APPLY_FAILED, exc)
+        except CodecError as exc:
+            return self._reject(Rejection.BAD_PAYLOAD, exc)
+        self.version, self.stream_id = header.payload_version, header.stream_id
+        log.debug("applied %s v%d (%d entries)", header.kind.name.lower(), self.version,
+                  len(header.entries))
+        return Ack(accepted=True, version=self.version)
+
+    def _reject(self, rejection: Rejection, detail: object) -> Ack:
+        log.warning("rejected payload (%s): %s; staying at version %s", rejection.value, detail,
+                    self.version)
+        return Ack(accepted=False, version=self.version, rejection=rejection, detail=str(detail))
