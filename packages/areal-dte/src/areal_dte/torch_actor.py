@@ -13,8 +13,7 @@ import logging
 from collections.abc import Callable, Mapping
 
 import torch
-from dte_codec import ChangeSet
-from dte_detector import CastDetector, Snapshot, invert_adamw, torch_adamw_states
+from dte_detector import CastDetector, ChangeSet, Snapshot, invert_adamw, torch_adamw_states
 from dte_detector.errors import StepGapError
 from dte_transport import Sender, SyncReport
 

@@ -21,3 +21,7 @@ class VersionOrderError(TransportError, ValueError):
     def __init__(self, version: int, acknowledged: int):
         self.version, self.acknowledged = version, acknowledged
         super().__init__(f"version {version} is not newer than the acknowledged {acknowledged}")
+
+
+class LinkError(TransportError, ConnectionError):
+    """A link could not deliver a payload or bring back the answer."""

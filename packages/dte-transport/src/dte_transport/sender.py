@@ -12,7 +12,7 @@ from attrs.validators import ge
 from dte_codec import ChangeSet, encode_delta, encode_full
 
 from .ack import Ack
-from .errors import SyncError, VersionOrderError
+from .errors import LinkError, SyncError, VersionOrderError
 from .loopback import Link
 from .report import SyncKind, SyncReport, Timer
 
@@ -65,7 +65,7 @@ class Sender:
             data = encode_delta(weights, change_sets, stream_id=self.stream_id,
                                 base_version=base, version=version)
         with timer.phase("send"):
-            ack = self.link.send(data)
+            ack = self._send(data, version)
         if not ack.accepted:
             reason = f"{DELTA_REJECTED}: {ack.rejection.value}: {ack.detail}"
             log.warning("v%d delta rejected (%s), falling back to a full sync", version, reason)
@@ -91,7 +91,7 @@ class Sender:
         with timer.phase("encode"):
             data = encode_full(weights, stream_id=self.stream_id, version=version)
         with timer.phase("send"):
-            ack: Ack = self.link.send(data)
+            ack = self._send(data, version)
         if not ack.accepted:
             self.acknowledged = None
             raise SyncError(version, f"full sync rejected ({ack.rejection.value}): {ack.detail}")
@@ -101,6 +101,13 @@ class Sender:
                             dense_bytes=_dense_bytes(weights), changed=None, ms=timer.ms)
         _log(report)
         return report
+
+    def _send(self, data: bytes, version: int) -> Ack:
+        try:
+            return self.link.send(data)
+        except LinkError as exc:
+            self.acknowledged = None  # the receiver may or may not hold it now
+            raise SyncError(version, f"link failed: {exc}") from exc
 
     def _check_order(self, version: int) -> None:
         if self.acknowledged is not None and version <= self.acknowledged:

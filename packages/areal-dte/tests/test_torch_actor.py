@@ -1,0 +1,92 @@
+"""TorchActor: detector choice, step accounting and commit behaviour."""
+
+import areal_dte
+import pytest
+import torch
+from areal_dte import Method, TorchActor
+from dte_transport import Loopback, Receiver, Sender, SyncKind
+
+
+def make(method, *, anchor=20, params=None):
+    torch.manual_seed(0)
+    masters = params or {"w": torch.nn.Parameter(torch.randn(32, 16) * 0.02),
+                         "g": torch.nn.Parameter(torch.ones(16))}
+    optimizer = torch.optim.AdamW(masters.values(), lr=1e-3, weight_decay=0.01)
+    receiver = Receiver({n: torch.zeros(p.shape, dtype=torch.bfloat16)
+                         for n, p in masters.items()})
+    actor = TorchActor(masters, optimizer, Sender(Loopback(receiver), anchor_interval=anchor),
+                       method=method)
+    return actor, receiver
+
+
+def train(actor, steps=1, names=None):
+    for _ in range(steps):
+        for name, param in actor.masters.items():
+            param.grad = torch.randn_like(param) if names is None or name in names else None
+        actor.step()
+
+
+def in_sync(actor, receiver):
+    return all(torch.equal(actor.model[n].view(torch.int16), t.view(torch.int16))
+               for n, t in receiver.weights.items())
+
+
+@pytest.mark.parametrize("method", list(Method))
+def test_one_step_per_sync_is_a_delta(method):
+    """Each detector turns one step into a delta that leaves the rollout in sync."""
+    actor, receiver = make(method)
+    actor.sync(1)
+    train(actor)
+    report = actor.sync(2)
+    assert (SyncKind.DELTA, True) == (report.kind, in_sync(actor, receiver))
+    assert 0 < report.changed < 32 * 16 + 16
+
+
+def test_adamw_step_gap_forces_full():
+    """Two AdamW steps between syncs cannot be inverted: the version goes in full."""
+    actor, receiver = make(Method.ADAMW)
+    actor.sync(1)
+    train(actor, steps=2)
+    report = actor.sync(2)
+    assert (SyncKind.FULL, "step_gap", True) == (report.kind, report.reason,
+                                                  in_sync(actor, receiver))
+    train(actor)
+    assert SyncKind.DELTA == actor.sync(3).kind
+
+
+@pytest.mark.parametrize("method", [Method.CAST, Method.SNAPSHOT])
+def test_several_steps_per_sync_stay_deltas(method):
+    """Cast and snapshot detectors cover any number of steps between syncs."""
+    actor, receiver = make(method)
+    actor.sync(1)
+    train(actor, steps=4)
+    report = actor.sync(2)
+    assert (SyncKind.DELTA, True) == (report.kind, in_sync(actor, receiver))
+
+
+@pytest.mark.parametrize("method", list(Method))
+def test_skipped_step_sends_an_empty_delta(method):
+    """No optimizer step between two syncs: a delta with nothing changed."""
+    actor, receiver = make(method)
+    actor.sync(1)
+    train(actor)
+    actor.sync(2)
+    report = actor.sync(3)
+    assert (SyncKind.DELTA, 0, True) == (report.kind, report.changed, in_sync(actor, receiver))
+
+
+def test_adamw_partial_step_only_touches_stepped_tensors():
+    """A tensor without gradient keeps its step count and reports no change."""
+    actor, receiver = make(Method.ADAMW)
+    actor.sync(1)
+    train(actor, names={"w"})
+    report = actor.sync(2)
+    assert (SyncKind.DELTA, True) == (report.kind, in_sync(actor, receiver))
+    train(actor)  # "g" takes its first step, "w" its second: one step each since v2
+    assert SyncKind.DELTA == actor.sync(3).kind
+    assert in_sync(actor, receiver)
+
+
+def test_public_api():
+    """The package root exports exactly its documented names."""
+    assert {"Method", "TorchActor"} == set(areal_dte.__all__)

@@ -1,0 +1,92 @@
+"""Receiver: applies onto exactly its base, rejects everything else and keeps its bytes."""
+
+import torch
+from dte_codec import encode_delta, encode_full
+from dte_detector import diff
+from dte_transport import Receiver, Rejection
+
+
+def weights():
+    torch.manual_seed(1)
+    return {"w": torch.randn(16, 4).bfloat16(), "v": torch.randn(4)}
+
+
+def seeded():
+    source = weights()
+    receiver = Receiver({n: torch.zeros_like(t) for n, t in source.items()})
+    assert receiver.receive(encode_full(source, stream_id="s", version=1)).accepted
+    return source, receiver
+
+
+def delta(source, *, base=1, version=2, stream="s"):
+    new = {n: t.clone() for n, t in source.items()}
+    new["w"][0, 0] += 1
+    changes = {n: diff(source[n], new[n]) for n in source}
+    return new, encode_delta(new, changes, stream_id=stream, base_version=base, version=version)
+
+
+def snapshot(receiver):
+    return {n: t.clone() for n, t in receiver.weights.items()}
+
+
+def unchanged(receiver, before, version):
+    return version == receiver.version and all(
+        torch.equal(before[n].view(torch.uint8), t.view(torch.uint8))
+        for n, t in receiver.weights.items())
+
+
+def test_full_then_delta_accepted():
+    """A full payload seeds stream and version; a delta on it moves to the next version."""
+    source, receiver = seeded()
+    new, data = delta(source)
+    ack = receiver.receive(data)
+    assert (True, 2, None) == (ack.accepted, ack.version, ack.rejection)
+    assert torch.equal(new["w"].view(torch.int16), receiver.weights["w"].view(torch.int16))
+
+
+def test_wrong_base_rejected():
+    """A delta onto another version is rejected with WRONG_BASE; nothing changes."""
+    source, receiver = seeded()
+    before = snapshot(receiver)
+    ack = receiver.receive(delta(source, base=0, version=2)[1])
+    assert (False, Rejection.WRONG_BASE, "delta onto version 0, holding 1") == (
+        ack.accepted, ack.rejection, ack.detail)
+    assert unchanged(receiver, before, 1)
+
+
+def test_wrong_stream_rejected():
+    """A delta of another sender's stream is rejected with WRONG_STREAM."""
+    source, receiver = seeded()
+    before = snapshot(receiver)
+    ack = receiver.receive(delta(source, stream="other")[1])
+    assert (Rejection.WRONG_STREAM, "delta of stream 'other', holding 's'") == (
+        ack.rejection, ack.detail)
+    assert unchanged(receiver, before, 1)
+
+
+def test_bad_bytes_rejected():
+    """Garbage is BAD_PAYLOAD; the receiver keeps its version and bytes."""
+    _, receiver = seeded()
+    before = snapshot(receiver)
+    ack = receiver.receive(b"not a payload at all, certainly")
+    assert (False, Rejection.BAD_PAYLOAD) == (ack.accepted, ack.rejection)
+    assert unchanged(receiver, before, 1)
+
+
+def test_mismatched_shape_rejected():
+    """A full payload of other shapes is MISMATCH and writes nothing."""
+    _, receiver = seeded()
+    before = snapshot(receiver)
+    ack = receiver.receive(encode_full({"w": torch.zeros(3).bfloat16(), "v": torch.zeros(4)},
+                                       stream_id="t", version=5))
+    assert (Rejection.MISMATCH, "tensor 'w': shape: expected (16, 4), got (3,)") == (
+        ack.rejection, ack.detail)
+    assert unchanged(receiver, before, 1)
+
+
+def test_delta_before_any_full_rejected():
+    """A receiver with no version rejects every delta."""
+    source = weights()
+    receiver = Receiver({n: torch.zeros_like(t) for n, t in source.items()})
+    ack = receiver.receive(delta(source)[1])
+    assert (False, None, Rejection.WRONG_STREAM) == (ack.accepted, ack.version, ack.rejection)
