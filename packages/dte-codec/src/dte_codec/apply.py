@@ -33,15 +33,18 @@ class _Staged:
     new: torch.Tensor
     keep_undo: bool
 
-    def write(self) -> torch.Tensor | None:
-        """Write the new values; return what the undo log needs (or None)."""
+    def saved(self) -> torch.Tensor | None:
+        """What the undo log needs to restore this entry (None: no undo log)."""
         if self.indices is None:
-            old = self.flat.clone() if self.keep_undo else None
+            return self.flat.clone() if self.keep_undo else None
+        return self.flat[self.indices]
+
+    def write(self) -> None:
+        """Write the new values."""
+        if self.indices is None:
             self.flat.copy_(self.new)
-            return old
-        old = self.flat[self.indices]
-        self.flat[self.indices] = self.new
-        return old
+        else:
+            self.flat[self.indices] = self.new
 
     def undo(self, old: torch.Tensor) -> None:
         if self.indices is None:
@@ -63,20 +66,25 @@ def apply_(weights: MutableMapping[str, torch.Tensor], payload: Payload) -> None
               for entry, idx, sections in zip(payload.header.entries, payload.indices,
                                               payload.values)]
     _check_coverage(weights, payload)
+    # An entry joins the undo log before its write starts, so a write that fails halfway
+    # is restored too; no_grad lets the writes reach leaf tensors that require grad.
     undo: list[tuple[_Staged, torch.Tensor | None]] = []
-    try:
-        for item in staged:
-            undo.append((item, item.write()))
-    except Exception as exc:
-        full = payload.header.kind == Kind.FULL
-        if not full:
-            for item, old in reversed(undo):
-                item.undo(old)
-        raise ApplyError(
-            f"writing tensor {staged[len(undo)].name!r} failed after {len(undo)} of "
-            f"{len(staged)} entries: {exc!r}; "
-            + ("the tensors now mix versions" if full else "every tensor was restored")
-        ) from exc
+    done = 0
+    with torch.no_grad():
+        try:
+            for done, item in enumerate(staged):
+                undo.append((item, item.saved()))
+                item.write()
+        except Exception as exc:
+            full = payload.header.kind == Kind.FULL
+            if not full:
+                for item, old in reversed(undo):
+                    item.undo(old)
+            raise ApplyError(
+                f"writing tensor {staged[done].name!r} failed after {done} of "
+                f"{len(staged)} entries: {exc!r}; "
+                + ("the tensors now mix versions" if full else "every tensor was restored")
+            ) from exc
 
 
 def _stage(weights: MutableMapping[str, torch.Tensor], entry: Entry,

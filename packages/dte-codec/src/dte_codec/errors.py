@@ -46,3 +46,7 @@ class EncodeError(_Located, ValueError):
 
 class ApplyError(CodecError, RuntimeError):
     """Writing into the receiver's tensors failed; every touched tensor was rolled back."""
+
+
+class GeometryError(_Located, ValueError):
+    """A shard layout, plan or index set is inconsistent (config, shapes, boxes, ranges)."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import enum
 import math
+import numbers
 import struct
 
 import attrs
@@ -187,14 +188,18 @@ class Header:
 
     def validate(self) -> None:
         """Check header fields and every entry; raise ``HeaderError`` naming the field."""
+        _check(None, "stream_id", f"<= {MAX_NAME_BYTES} UTF-8 bytes",
+               len(self.stream_id.encode()), len(self.stream_id.encode()) <= MAX_NAME_BYTES)
         _check(None, "payload_version", "0..2**63-1", self.payload_version,
-               0 <= self.payload_version < 2**63)
+               isinstance(self.payload_version, numbers.Integral)
+               and 0 <= self.payload_version < 2**63)
         if self.kind == Kind.FULL:
             _check(None, "base_version", f"{NO_BASE} for a full payload", self.base_version,
                    self.base_version == NO_BASE)
         else:
             _check(None, "base_version", f"0..{self.payload_version - 1} for a delta",
-                   self.base_version, 0 <= self.base_version < self.payload_version)
+                   self.base_version, isinstance(self.base_version, numbers.Integral)
+                   and 0 <= self.base_version < self.payload_version)
         names = [e.name for e in self.entries]
         _check(None, "entries", "unique names", names, len(set(names)) == len(names))
         for entry in self.entries:

@@ -98,10 +98,12 @@ def check_sorted_positions(positions: torch.Tensor, limit: int, *, field: str, t
     """Raise ``error`` unless ``positions`` strictly increase inside ``[0, limit)``."""
     if positions.numel() == 0:
         return
-    first, last = int(positions[0]), int(positions[-1])
-    if first < 0 or last >= limit:
-        raise error(field, expected=f"inside [0, {limit})", got=f"[{first}, {last}]",
-                         tensor=tensor)
+    # min/max, not first/last: int64 differences wrap, so an out-of-range run can look
+    # increasing; once every position is inside [0, limit) the differences are exact.
+    lowest, highest = int(positions.min()), int(positions.max())
+    if lowest < 0 or highest >= limit:
+        raise error(field, expected=f"inside [0, {limit})", got=f"[{lowest}, {highest}]",
+                    tensor=tensor)
     steps = torch.diff(positions)
     if bool((steps <= 0).any()):
         at = int(torch.nonzero(steps <= 0)[0]) + 1
