@@ -18,6 +18,7 @@ def test_loopback_counts_messages_and_bytes():
 
 def test_public_api():
     """The package root exports exactly its documented names."""
-    expected = {"Ack", "Link", "LinkError", "Loopback", "Receiver", "Rejection", "Sender",
+    expected = {"Ack", "CorruptFileError", "Link", "LinkError", "Loopback", "Receiver",
+                "Rejection", "Sender", "StagedLink", "StagedReader", "StagedStoreError",
                 "SyncError", "SyncKind", "SyncReport", "TransportError"}
     assert expected == set(dte_transport.__all__)
