@@ -32,6 +32,7 @@ from dte_codec.apply import _Staged
 from dte_codec.errors import ApplyError, DigestError, EntryError, HeaderError
 from dte_codec.header import (DIGEST_OFFSET, DTYPE_CODES, Header, IndexEncoding, ValueEncoding,
                               align, payload_digest)
+from dte_codec.region import Box
 from dte_detector import ChangeSet, diff
 from dte_detector.changes import unknown_bounds
 from dte_transport import Receiver, Rejection
@@ -266,17 +267,19 @@ def _check_accepted(receiver: Receiver, before: dict[str, torch.Tensor], data: b
     if header.kind == Kind.FULL:
         return
     assert 1 == header.base_version, what
-    touched = {e.name: idx for e, idx in zip(header.entries, payload.indices)}
+    touched = collections.defaultdict(list)
+    for entry, where in zip(header.entries, payload.indices):
+        touched[entry.name].append(where)
     for name, tensor in receiver.weights.items():
         old, new = before[name].reshape(-1), tensor.reshape(-1)
         same = old.view(torch.uint8).view(-1, old.element_size()) == \
             new.view(torch.uint8).view(-1, new.element_size())
         unchanged = same.all(1)
-        if name in touched:
-            idx = touched[name]
-            if idx is None:
-                continue
-            unchanged[idx] = True
+        for where in touched.get(name, []):
+            if isinstance(where, Box):
+                unchanged.view(tensor.shape)[where.slices()] = True
+            else:
+                unchanged[where] = True
         assert bool(unchanged.all()), f"{what}: {name} changed outside the payload's indices"
 
 
@@ -330,12 +333,13 @@ def test_valid_payloads_apply(setup):
 def test_delta_covers_every_encoding(setup):
     """The fuzzed delta holds dense and sparse entries of every index encoding but the raw
     ones (which only win for sparse tensors of >= 2**17 elements; the ``reshaped`` family
-    forges them) and of every value encoding."""
+    forges them) and boxes (sent by multi-rank plans), and of every value encoding."""
     header, _ = Header.unpack(memoryview(setup.delta))
     indices = {e.index_encoding for e in header.entries}
     values = {e.value_encoding for e in header.entries if e.index_encoding != IndexEncoding.DENSE}
     escapes = sum(e.value_escapes for e in header.entries)
-    assert set(IndexEncoding) - {IndexEncoding.INT32, IndexEncoding.INT64} == indices
+    assert set(IndexEncoding) - {IndexEncoding.INT32, IndexEncoding.INT64,
+                                 IndexEncoding.BOX} == indices
     assert set(ValueEncoding) == values
     assert 0 < escapes
 

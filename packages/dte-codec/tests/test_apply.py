@@ -87,7 +87,7 @@ def test_unknown_name():
     """An entry naming no tensor of the receiver."""
     weights = _weights()
     data = encode_full({"zz": torch.zeros(2)}, stream_id="s", version=1)
-    assert "name: expected a tensor of the receiver, got zz" == _mismatch(weights, data)
+    assert "name: expected a tensor of the receiver, got 'zz'" == _mismatch(weights, data)
 
 
 def test_wrong_dtype():

@@ -6,6 +6,7 @@ import struct
 
 import pytest
 import torch
+from dte_codec.region import Box
 from dte_codec import CodecError, Payload, decode, encode_delta, encode_full
 from dte_codec.errors import DigestError, EntryError, HeaderError
 from dte_codec.header import (DIGEST_OFFSET, Entry, Header, IndexEncoding, Kind, ValueEncoding,
@@ -30,11 +31,11 @@ def _forge(entries: tuple[Entry, ...], sections: list[bytes]) -> bytes:
 
 
 def test_full_payload_sections():
-    """Dense entries have no indices and one raw value section with the tensor's bytes."""
+    """Dense entries cover their whole tensor and have one raw value section with its bytes."""
     weights = _weights()
     payload = decode(encode_full(weights, stream_id="s", version=1))
     assert isinstance(payload, Payload)
-    assert (None, None, None) == payload.indices
+    assert tuple(Box.whole(tuple(t.shape)) for t in weights.values()) == payload.indices
     for tensor, (values,) in zip(weights.values(), payload.values):
         assert torch.uint8 == values.dtype
         assert tensor.reshape(-1).view(torch.uint8).tolist() == values.tolist()

@@ -1,18 +1,24 @@
-"""Write a decoded payload into live tensors, all or nothing.
+"""Write decoded payloads into live tensors, all or nothing.
 
-Two phases. Staging checks the payload against the receiver (names, dtypes, shapes,
-coverage of a full payload), gathers the current values at the changed indices and
-resolves the new values; nothing is written yet, so any ``CodecError`` there leaves the
-tensors untouched. Writing scatters entry by entry and keeps the gathered values as an
-O(changed) undo log; if a write fails, every touched tensor is restored before the
-error propagates. Dense entries of a delta keep a copy of their tensor for the undo
-log. A full payload keeps no undo log (it would be a second copy of the model): a write
-failure there leaves the receiver without a valid version, which ``ApplyError`` says.
+Two phases. Staging checks the payloads against the receiver (names, dtypes, shapes,
+entries that overlap, coverage of a full version), gathers the current values at the
+changed indices and resolves the new values; nothing is written yet, so any
+``CodecError`` there leaves the tensors untouched. Writing goes entry by entry and keeps
+what each entry overwrites as an undo log, O(changed) for sparse entries; if a write
+fails, every touched tensor is restored before the error propagates. Dense and box
+entries of a delta keep a copy of their region. A full version keeps no undo log (it
+would be a second copy of the model): a write failure there leaves the receiver without
+a valid version, which ``ApplyError`` says.
+
+Several payloads of one version (one per sender rank, each covering part of the
+receiver's tensors) apply as one transaction with ``apply_all``.
 """
 
 from __future__ import annotations
 
-from collections.abc import MutableMapping
+import itertools
+from collections import defaultdict
+from collections.abc import Mapping, MutableMapping, Sequence
 
 import attrs
 import torch
@@ -20,6 +26,7 @@ import torch
 from .decode import Payload
 from .errors import ApplyError, MismatchError
 from .header import Entry, Kind
+from .region import Box
 from .values import decode_values
 
 
@@ -28,44 +35,62 @@ class _Staged:
     """One entry ready to write: where, what, and how to undo it."""
 
     name: str
-    flat: torch.Tensor
-    indices: torch.Tensor | None
+    target: torch.Tensor
+    where: torch.Tensor | Box
     new: torch.Tensor
     keep_undo: bool
 
+    def _region(self) -> torch.Tensor:
+        if isinstance(self.where, Box):
+            return self.target[self.where.slices()]
+        return self.target.view(-1)
+
     def saved(self) -> torch.Tensor | None:
         """What the undo log needs to restore this entry (None: no undo log)."""
-        if self.indices is None:
-            return self.flat.clone() if self.keep_undo else None
-        return self.flat[self.indices]
+        if isinstance(self.where, Box):
+            return self._region().clone() if self.keep_undo else None
+        return self._region()[self.where]
 
     def write(self) -> None:
         """Write the new values."""
-        if self.indices is None:
-            self.flat.copy_(self.new)
-        else:
-            self.flat[self.indices] = self.new
+        self._put(self.new)
 
     def undo(self, old: torch.Tensor) -> None:
-        if self.indices is None:
-            self.flat.copy_(old)
+        self._put(old)
+
+    def _put(self, values: torch.Tensor) -> None:
+        if isinstance(self.where, Box):
+            self._region().copy_(values)
         else:
-            self.flat[self.indices] = old
+            self._region()[self.where] = values
 
 
 def apply_(weights: MutableMapping[str, torch.Tensor], payload: Payload) -> None:
-    """Write ``payload`` into ``weights`` in place, all or nothing.
+    """Write ``payload`` into ``weights`` in place, all or nothing (see ``apply_all``)."""
+    apply_all(weights, [payload])
+
+
+def apply_all(weights: MutableMapping[str, torch.Tensor], payloads: Sequence[Payload]) -> None:
+    """Write the payloads of one version into ``weights`` in place, all or nothing.
 
     Raises:
-        MismatchError: the payload does not fit ``weights``; nothing was written.
-        EntryError: a value does not decode against the receiver's base; nothing was written.
+        MismatchError: the payloads do not fit ``weights`` (names, dtypes, shapes,
+            overlapping entries, a full version that leaves elements uncovered, payloads
+            of different versions); nothing was written.
+        EntryError: a value does not decode against the receiver's base; nothing written.
         ApplyError: a write failed; for a delta every tensor was restored, for a full
-            payload the tensors hold a mix of versions (``rolled_back`` is False).
+            version the tensors hold a mix of versions.
     """
-    staged = [_stage(weights, entry, idx, sections, payload.header.kind)
-              for entry, idx, sections in zip(payload.header.entries, payload.indices,
-                                              payload.values)]
-    _check_coverage(weights, payload)
+    kind = _check_same_version(payloads)
+    staged = [_stage(weights, entry, where, sections, kind)
+              for payload in payloads
+              for entry, where, sections in zip(payload.header.entries, payload.indices,
+                                                payload.values)]
+    _check_regions(weights, staged, kind)
+    _write(staged, full=kind == Kind.FULL)
+
+
+def _write(staged: list[_Staged], *, full: bool) -> None:
     # An entry joins the undo log before its write starts, so a write that fails halfway
     # is restored too; no_grad lets the writes reach leaf tensors that require grad.
     undo: list[tuple[_Staged, torch.Tensor | None]] = []
@@ -76,7 +101,6 @@ def apply_(weights: MutableMapping[str, torch.Tensor], payload: Payload) -> None
                 undo.append((item, item.saved()))
                 item.write()
         except Exception as exc:
-            full = payload.header.kind == Kind.FULL
             if not full:
                 for item, old in reversed(undo):
                     item.undo(old)
@@ -87,12 +111,20 @@ def apply_(weights: MutableMapping[str, torch.Tensor], payload: Payload) -> None
             ) from exc
 
 
-def _stage(weights: MutableMapping[str, torch.Tensor], entry: Entry,
-           indices: torch.Tensor | None, sections: tuple[torch.Tensor, ...],
-           kind: Kind) -> _Staged:
+def _check_same_version(payloads: Sequence[Payload]) -> Kind:
+    keys = {(p.header.stream_id, p.header.kind, p.header.base_version, p.header.payload_version)
+            for p in payloads}
+    if len(keys) != 1:
+        raise MismatchError("payloads", expected="one stream, kind and version",
+                            got=sorted(keys, key=str))
+    return payloads[0].header.kind
+
+
+def _stage(weights: Mapping[str, torch.Tensor], entry: Entry, where: torch.Tensor | Box,
+           sections: tuple[torch.Tensor, ...], kind: Kind) -> _Staged:
     target = weights.get(entry.name)
     if target is None:
-        raise MismatchError("name", expected="a tensor of the receiver", got=entry.name)
+        raise MismatchError("name", expected="a tensor of the receiver", got=repr(entry.name))
     for field, expected, got in (("dtype", target.dtype, entry.dtype),
                                  ("shape", tuple(target.shape), entry.shape)):
         if expected != got:
@@ -100,20 +132,52 @@ def _stage(weights: MutableMapping[str, torch.Tensor], entry: Entry,
     if not target.is_contiguous():
         raise MismatchError("layout", expected="a contiguous tensor", got="strided",
                             tensor=entry.name)
-    flat = target.view(-1)
     sections = tuple(s.to(target.device) for s in sections)
-    if indices is None:
-        new = sections[0].view(entry.dtype)
-        return _Staged(entry.name, flat, None, new, keep_undo=kind == Kind.DELTA)
-    indices = indices.to(target.device)
-    new = decode_values(entry, sections, flat[indices])
-    return _Staged(entry.name, flat, indices, new, keep_undo=True)
+    if isinstance(where, Box):
+        new = sections[0].view(entry.dtype).view(where.size)
+        return _Staged(entry.name, target, where, new, keep_undo=kind == Kind.DELTA)
+    where = where.to(target.device)
+    new = decode_values(entry, sections, target.view(-1)[where])
+    return _Staged(entry.name, target, where, new, keep_undo=True)
 
 
-def _check_coverage(weights: MutableMapping[str, torch.Tensor], payload: Payload) -> None:
-    if payload.header.kind != Kind.FULL:
+def _check_regions(weights: Mapping[str, torch.Tensor], staged: list[_Staged],
+                   kind: Kind) -> None:
+    """Entries of one tensor must not overlap; a full version must cover every element."""
+    by_name: dict[str, list[_Staged]] = defaultdict(list)
+    for item in staged:
+        by_name[item.name].append(item)
+    for name, items in by_name.items():
+        _check_disjoint(name, tuple(weights[name].shape), items)
+    if kind != Kind.FULL:
         return
-    missing = sorted(set(weights) - {e.name for e in payload.header.entries})
+    missing = sorted(n for n, t in weights.items() if t.numel() and n not in by_name)
     if missing:
         raise MismatchError("entries", expected="every tensor of the receiver",
                             got=f"a full payload without {missing[:5]}")
+    for name, items in by_name.items():
+        covered = sum(i.where.volume for i in items)
+        if covered != weights[name].numel():
+            raise MismatchError("entries", expected=f"{weights[name].numel()} elements covered",
+                                got=covered, tensor=name)
+
+
+def _check_disjoint(name: str, shape: tuple[int, ...], items: list[_Staged]) -> None:
+    if len(items) < 2:
+        return
+    boxes = [i.where for i in items if isinstance(i.where, Box)]
+    for a, b in itertools.combinations(boxes, 2):
+        if a.overlaps(b):
+            raise MismatchError("entries", expected="disjoint regions",
+                                got=f"boxes {a} and {b} overlap", tensor=name)
+    lists = [i.where for i in items if not isinstance(i.where, Box)]
+    if not lists:
+        return
+    indices = torch.cat(lists)
+    if len(lists) > 1 and torch.unique(indices).numel() != indices.numel():
+        raise MismatchError("entries", expected="disjoint regions",
+                            got="an index sent twice", tensor=name)
+    for box in boxes:
+        if bool(box.contains(indices, shape).any()):
+            raise MismatchError("entries", expected="disjoint regions",
+                                got=f"an index inside box {box}", tensor=name)

@@ -9,8 +9,10 @@ from __future__ import annotations
 import attrs
 import torch
 
-from .header import Header, IndexEncoding, align
+from .errors import EntryError
+from .header import Entry, Header, IndexEncoding, align
 from .indices import decode_indices
+from .region import Box
 from .values import check_escapes
 
 
@@ -19,8 +21,9 @@ class Payload:
     """A decoded payload: its header and, per entry, validated indices and value sections."""
 
     header: Header
-    indices: tuple[torch.Tensor | None, ...]
-    """Per entry, int64 flat indices; ``None`` for dense entries."""
+    indices: tuple[torch.Tensor | Box, ...]
+    """Per entry, int64 flat indices (sparse entries) or the box it covers (dense and box
+    entries; a dense entry covers its whole tensor)."""
     values: tuple[tuple[torch.Tensor, ...], ...]
     """Per entry, the value sections as uint8 tensors (see ``FORMAT.md``)."""
 
@@ -47,10 +50,21 @@ def decode(data: bytes | bytearray | memoryview, *, device: str | torch.device =
         n_index = len(entry.index_sections())
         index_sections, value_sections = sections[:n_index], sections[n_index:]
         check_escapes(entry, value_sections)
-        dense = entry.index_encoding == IndexEncoding.DENSE
-        indices.append(None if dense else decode_indices(entry, index_sections))
+        indices.append(_region(entry, index_sections))
         values.append(value_sections)
     return Payload(header=header, indices=tuple(indices), values=tuple(values))
+
+
+def _region(entry: Entry, sections: tuple[torch.Tensor, ...]) -> torch.Tensor | Box:
+    if entry.index_encoding == IndexEncoding.DENSE:
+        return Box.whole(entry.shape)
+    if entry.index_encoding == IndexEncoding.BOX:
+        box = Box.from_tensor(sections[0], entry.shape, tensor=entry.name)
+        if box.volume != entry.count:
+            raise EntryError("box", expected=f"volume {entry.count}", got=box.volume,
+                             tensor=entry.name)
+        return box
+    return decode_indices(entry, sections)
 
 
 def _body(raw: memoryview, device: str | torch.device) -> torch.Tensor:

@@ -62,6 +62,12 @@ class IndexEncoding(enum.IntEnum):
     BITMAP = 3
     GAP8 = 4
     ELIAS_FANO = 5
+    BOX = 6
+    """A dense unit-step box of the tensor: its start and size, then its values."""
+
+
+BOX_FIELD_BYTES = 8
+"""Each of a box's ``2 * ndim`` coordinates (start, then size) is a u64."""
 
 
 class ValueEncoding(enum.IntEnum):
@@ -119,6 +125,8 @@ class Entry:
             return (n * (4 if enc == IndexEncoding.INT32 else 8),)
         if enc == IndexEncoding.BITMAP:
             return (-(-numel // 8),)
+        if enc == IndexEncoding.BOX:
+            return (2 * len(self.shape) * BOX_FIELD_BYTES,)
         if enc == IndexEncoding.GAP8:
             return (n, self.index_escapes * isz)
         upper_bits = n + ((max(numel, 1) - 1) >> self.index_width) + 1
@@ -138,13 +146,15 @@ class Entry:
         _check(self.name, "numel", "< 2**62", self.numel, self.numel < 2**62)
         _check(self.name, "count", f"<= numel {self.numel}", self.count, self.count <= self.numel)
         dense = self.index_encoding == IndexEncoding.DENSE
-        _check(self.name, "index_encoding", "DENSE in a full payload", self.index_encoding.name,
-               dense or kind == Kind.DELTA)
+        block = dense or self.index_encoding == IndexEncoding.BOX
+        _check(self.name, "index_encoding", "DENSE or BOX in a full payload",
+               self.index_encoding.name, block or kind == Kind.DELTA)
         _check(self.name, "count", f"numel {self.numel} for a dense entry", self.count,
                not dense or self.count == self.numel)
-        _check(self.name, "count", ">= 1 for a sparse entry", self.count, dense or self.count >= 1)
-        _check(self.name, "value_encoding", "RAW for a dense entry", self.value_encoding.name,
-               not dense or self.value_encoding == ValueEncoding.RAW)
+        _check(self.name, "count", ">= 1 for a sparse or box entry", self.count,
+               dense or self.count >= 1)
+        _check(self.name, "value_encoding", "RAW for a dense or box entry",
+               self.value_encoding.name, not block or self.value_encoding == ValueEncoding.RAW)
         _check(self.name, "index_encoding", "INT64 for a tensor of >= 2**31 elements",
                self.index_encoding.name,
                self.index_encoding != IndexEncoding.INT32 or self.numel < INDEX32_LIMIT)
@@ -200,8 +210,6 @@ class Header:
             _check(None, "base_version", f"0..{self.payload_version - 1} for a delta",
                    self.base_version, isinstance(self.base_version, numbers.Integral)
                    and 0 <= self.base_version < self.payload_version)
-        names = [e.name for e in self.entries]
-        _check(None, "entries", "unique names", names, len(set(names)) == len(names))
         for entry in self.entries:
             entry.validate(self.kind)
 

@@ -1,0 +1,117 @@
+"""Payload entries built one at a time, and their assembly into payload bytes.
+
+``encode_full`` and ``encode_delta`` cover a sender that holds whole tensors. A sender
+that holds only part of each receiver tensor (a trainer shard feeding a rollout shard of
+another layout) builds the entries itself: ``box_part`` for a dense region,
+``sparse_part`` for changed elements, then ``assemble``.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Iterable
+
+import attrs
+import torch
+
+from .errors import EncodeError, HeaderError
+from .header import (DIGEST_OFFSET, DTYPE_CODES, MAX_NAME_BYTES, Entry, Header, IndexEncoding,
+                     Kind, align, payload_digest)
+from .indices import check_sorted_positions, encode_indices
+from .region import Box
+from .values import encode_values
+
+
+@attrs.frozen
+class Part:
+    """One entry of a payload and its body sections (uint8 tensors on any device)."""
+
+    entry: Entry
+    sections: tuple[torch.Tensor, ...]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(s.numel() for s in self.sections)
+
+
+def dense_part(name: str, tensor: torch.Tensor) -> Part:
+    """A whole tensor, dense."""
+    _check_tensor(name, tensor.dtype)
+    entry = Entry(name=name, dtype=tensor.dtype, shape=tuple(tensor.shape), count=tensor.numel())
+    return Part(entry, (_bytes_of(tensor),))
+
+
+def box_part(name: str, block: torch.Tensor, *, shape: tuple[int, ...],
+             start: tuple[int, ...]) -> Part:
+    """The dense region ``block`` of a receiver tensor of ``shape``, placed at ``start``."""
+    _check_tensor(name, block.dtype)
+    box = Box(tuple(start), tuple(block.shape))
+    if len(box.start) != len(shape) or any(
+            b < 0 or b + n > d for b, n, d in zip(box.start, box.size, shape)):
+        raise EncodeError("box", expected=f"a region inside shape {tuple(shape)}",
+                          got=f"start {box.start}, size {box.size}", tensor=name)
+    entry = Entry(name=name, dtype=block.dtype, shape=tuple(shape), count=box.volume,
+                  index_encoding=IndexEncoding.BOX)
+    return Part(entry, (box.to_tensor().to(block.device), _bytes_of(block)))
+
+
+def sparse_part(name: str, values: torch.Tensor, *, shape: tuple[int, ...],
+                indices: torch.Tensor, base_low: torch.Tensor, base_high: torch.Tensor) -> Part:
+    """New ``values`` at sorted flat ``indices`` of a tensor of ``shape``, each in the
+    cheapest exact encoding, given bounds on the receiver's current values."""
+    _check_tensor(name, values.dtype)
+    numel = Box.whole(tuple(shape)).volume
+    indices = indices.reshape(-1).to(device=values.device, dtype=torch.int64)
+    check_sorted_positions(indices, numel, field="indices", tensor=name, error=EncodeError)
+    for field, array in (("values", values), ("base_low", base_low), ("base_high", base_high)):
+        if array.dtype != values.dtype or array.shape != indices.shape:
+            raise EncodeError(field, expected=f"{values.dtype} of shape {tuple(indices.shape)}",
+                              got=f"{array.dtype} of shape {tuple(array.shape)}", tensor=name)
+    index_part = encode_indices(indices, numel)
+    value_part = encode_values(values, base_low.to(values.device), base_high.to(values.device))
+    entry = Entry(name=name, dtype=values.dtype, shape=tuple(shape), count=indices.numel(),
+                  index_encoding=index_part.encoding, index_width=index_part.width,
+                  index_escapes=index_part.escapes, value_encoding=value_part.encoding,
+                  value_width=value_part.width, value_escapes=value_part.escapes)
+    return Part(entry, index_part.sections + value_part.sections)
+
+
+def assemble(parts: Iterable[Part], *, stream_id: str, kind: Kind, base_version: int,
+             version: int) -> bytes:
+    """Header, body and digest of a payload made of ``parts``.
+
+    Raises:
+        EncodeError: header fields the format cannot carry (versions, stream id).
+    """
+    parts = list(parts)
+    header = Header(stream_id=stream_id, kind=kind, base_version=base_version,
+                    payload_version=version, entries=tuple(p.entry for p in parts))
+    try:
+        header.validate()
+    except HeaderError as exc:
+        raise EncodeError(exc.field, expected=exc.expected, got=exc.got, tensor=exc.tensor) from exc
+    pieces = []
+    for section in (s for part in parts for s in part.sections):
+        section = section.reshape(-1).cpu()
+        pieces.append(section)
+        pad = align(section.numel()) - section.numel()
+        if pad:
+            pieces.append(torch.zeros(pad, dtype=torch.uint8))
+    body = torch.cat(pieces) if pieces else torch.empty(0, dtype=torch.uint8)
+    data = bytearray(header.pack())
+    data += body.numpy().tobytes()
+    struct.pack_into("<Q", data, DIGEST_OFFSET, payload_digest(data))
+    return bytes(data)
+
+
+def _check_tensor(name: str, dtype: torch.dtype) -> None:
+    if len(name.encode()) > MAX_NAME_BYTES:
+        raise EncodeError("name", expected=f"<= {MAX_NAME_BYTES} UTF-8 bytes",
+                          got=len(name.encode()), tensor=name[:64])
+    if dtype not in DTYPE_CODES:
+        raise EncodeError("dtype", expected=f"one of {list(DTYPE_CODES)}", got=dtype,
+                          tensor=name)
+
+
+def _bytes_of(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.detach().contiguous().reshape(-1).view(torch.uint8)
