@@ -16,6 +16,7 @@ import torch
 from dte_detector import CastDetector, ChangeSet, Snapshot, invert_adamw, torch_adamw_states
 from dte_detector.errors import StepGapError
 from dte_transport import Sender, SyncReport
+from dte_transport.group import GroupSender
 
 log = logging.getLogger(__name__)
 
@@ -41,16 +42,20 @@ class TorchActor:
         optimizer: a ``torch.optim`` optimizer over ``masters`` (AdamW for ``Method.ADAMW``).
         sender: delivers versions to the rollout side.
         method: how changes are detected.
-        dtype: the model copy's dtype, i.e. what the rollout receives.
+        dtype: the model copy's dtype, i.e. what the rollout receives; a mapping gives
+            it per tensor (e.g. an fp32 MoE router among bf16 weights).
     """
 
     def __init__(self, masters: Mapping[str, torch.Tensor], optimizer: torch.optim.Optimizer,
-                 sender: Sender, *, method: Method, dtype: torch.dtype = torch.bfloat16):
+                 sender: Sender | GroupSender, *, method: Method,
+                 dtype: torch.dtype | Mapping[str, torch.dtype] = torch.bfloat16):
         self.masters = dict(masters)
         self.optimizer = optimizer
         self.sender = sender
         self.method = method
-        self.model = {name: p.detach().to(dtype, copy=True) for name, p in self.masters.items()}
+        dtypes = dtype if isinstance(dtype, Mapping) else dict.fromkeys(self.masters, dtype)
+        self.model = {name: p.detach().to(dtypes[name], copy=True)
+                      for name, p in self.masters.items()}
         self._names = {id(p): name for name, p in self.masters.items()}
         self._cast = CastDetector()
         self._snapshot = Snapshot()

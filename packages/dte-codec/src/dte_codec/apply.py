@@ -81,13 +81,34 @@ def apply_all(weights: MutableMapping[str, torch.Tensor], payloads: Sequence[Pay
         ApplyError: a write failed; for a delta every tensor was restored, for a full
             version the tensors hold a mix of versions.
     """
+    prepare(weights, payloads).write()
+
+
+@attrs.frozen
+class Prepared:
+    """Payloads of one version checked against the receiver and resolved, not yet written.
+
+    Lets a group of receivers agree that every one of them can apply its part before
+    any of them writes.
+    """
+
+    entries: tuple[_Staged, ...]
+    full: bool
+
+    def write(self) -> None:
+        """Write every entry; on failure restore a delta (see the module docstring)."""
+        _write(list(self.entries), full=self.full)
+
+
+def prepare(weights: Mapping[str, torch.Tensor], payloads: Sequence[Payload]) -> Prepared:
+    """Stage the payloads of one version (every check of ``apply_all``, no write)."""
     kind = _check_same_version(payloads)
     staged = [_stage(weights, entry, where, sections, kind)
               for payload in payloads
               for entry, where, sections in zip(payload.header.entries, payload.indices,
                                                 payload.values)]
     _check_regions(weights, staged, kind)
-    _write(staged, full=kind == Kind.FULL)
+    return Prepared(tuple(staged), kind == Kind.FULL)
 
 
 def _write(staged: list[_Staged], *, full: bool) -> None:
@@ -112,6 +133,8 @@ def _write(staged: list[_Staged], *, full: bool) -> None:
 
 
 def _check_same_version(payloads: Sequence[Payload]) -> Kind:
+    if not payloads:
+        raise MismatchError("payloads", expected="at least one payload", got="none")
     keys = {(p.header.stream_id, p.header.kind, p.header.base_version, p.header.payload_version)
             for p in payloads}
     if len(keys) != 1:

@@ -1,0 +1,191 @@
+"""What each spawned rank runs in the multi-process group-sync tests (gloo on CPU).
+
+Every rank rebuilds the same canonical model from one seed, so each one can compute the
+bf16 weights a full sync would give and compare bit for bit: trainer ranks optimise their
+Megatron shards with real AdamW on gradients cut from one canonical gradient per step,
+and AdamW being elementwise, the canonical trajectory run by every rank is the reference.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+
+import attrs
+import torch
+import torch.distributed as dist
+from areal_dte import Method, TorchActor
+from dte_codec.geometry import materialize, plan
+from dte_codec.layouts import ModelConfig
+from dte_codec.megatron_layout import MegatronLayout, megatron_shard
+from dte_codec.sglang_layout import SGLangLayout, sglang_shard
+from dte_transport import SyncError
+from dte_transport.errors import LinkError
+from dte_transport import group as group_module
+from dte_transport.group import GroupReceiver, GroupSender, Roles
+from dte_transport.two_round import exchange
+
+LR, WD = 1e-3, 0.01
+
+
+@attrs.frozen
+class Case:
+    config: ModelConfig
+    trainer: MegatronLayout
+    rollout: SGLangLayout
+    method: Method = Method.CAST
+    versions: int = 12
+    anchor: int = 4
+    fault: str | None = None
+    """None; "kill_rollout": the first rollout rank dies before version 3; "corrupt": a
+    byte of one payload flips in flight at version 5; "wrong_base": the first rollout rank
+    holds version 3 when version 4 comes; "restart": it restarts empty before version 5."""
+
+    @property
+    def trainers(self) -> int:
+        return self.trainer.world_size
+
+    @property
+    def world(self) -> int:
+        return self.trainer.world_size + self.rollout.world_size
+
+
+def is_router(name: str) -> bool:
+    return name.endswith("mlp.gate.weight")
+
+
+def canonical_masters(config: ModelConfig) -> dict[str, torch.Tensor]:
+    from dte_codec.layouts import canonical_tensors
+    gen = torch.Generator().manual_seed(0)
+    out = {}
+    for name, spec in canonical_tensors(config).items():
+        base = 1.0 if name.endswith("norm.weight") else 0.0
+        out[name] = base + torch.randn(spec.shape, generator=gen) * 0.02
+    return out
+
+
+def canonical_grads(masters: dict[str, torch.Tensor], step: int) -> dict[str, torch.Tensor]:
+    gen = torch.Generator().manual_seed(1000 + step)
+    return {name: torch.randn(t.shape, generator=gen) for name, t in masters.items()}
+
+
+def payload_dtype(name: str) -> torch.dtype:
+    return torch.float32 if is_router(name) else torch.bfloat16
+
+
+def cut(shard, canonical):
+    """The shard's tensors (fp32) cut out of canonical tensors."""
+    return materialize(attrs.evolve(shard, tensors={
+        n: attrs.evolve(s, dtype=torch.float32) for n, s in shard.tensors.items()}), canonical)
+
+
+def expected_rollout(shard, canonical_master):
+    local = cut(shard, canonical_master)
+    dtype_of = {p.tensor: payload_dtype(p.canonical) for p in shard.pieces}
+    return {n: t.to(dtype_of.get(n, torch.bfloat16)) for n, t in local.items()}
+
+
+def run(rank: int, case: Case, port: int, out_dir: str) -> None:
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=case.world, timeout=datetime.timedelta(seconds=20))
+    roles = Roles(range(case.trainers), range(case.trainers, case.world))
+    rollout_shards = [attrs.evolve(sglang_shard(case.config, case.rollout, rank=r),
+                                   rank=case.trainers + r) for r in range(case.rollout.tp)]
+    reference = canonical_masters(case.config)
+    reference_params = [torch.nn.Parameter(t.clone()) for t in reference.values()]
+    reference_opt = torch.optim.AdamW(reference_params, lr=LR, weight_decay=WD, foreach=True)
+    if rank < case.trainers:
+        shard = megatron_shard(case.config, case.trainer, rank=rank)
+        role = _Trainer(case, shard, rollout_shards, roles, reference)
+    else:
+        role = _Rollout(case, rollout_shards[rank - case.trainers], roles)
+    log = []
+    for version in range(1, case.versions + 1):
+        for param, grad in zip(reference_params, canonical_grads(reference, version).values()):
+            param.grad = grad
+        reference_opt.step()
+        canonical = {n: p.detach() for n, p in zip(reference, reference_params)}
+        outcome = role.version(version, canonical)
+        log.append(f"{rank} v{version} {outcome}")
+        if outcome == "died":
+            os._exit(0)
+    with open(os.path.join(out_dir, f"rank{rank}.log"), "w") as fh:
+        fh.write("\n".join(log))
+    dist.destroy_process_group()
+
+
+def _corrupting(outgoing, **kwargs):
+    """``exchange`` with one byte of the first non-empty payload flipped in flight, once."""
+    group_module.exchange = exchange
+    outgoing = dict(outgoing)
+    for peer, data in outgoing.items():
+        if len(data) > 100:
+            flipped = bytearray(data)
+            flipped[len(data) // 2] ^= 0xFF
+            outgoing[peer] = bytes(flipped)
+            break
+    return exchange(outgoing, **kwargs)
+
+
+class _Trainer:
+    def __init__(self, case, shard, rollout_shards, roles, reference):
+        self.case = case
+        self.names = {p.tensor: p.canonical for p in shard.pieces}
+        masters = {n: torch.nn.Parameter(t) for n, t in cut(shard, reference).items()}
+        self.shard = shard
+        optimizer = torch.optim.AdamW(masters.values(), lr=LR, weight_decay=WD, foreach=True)
+        sender = GroupSender(plan(shard, rollout_shards), roles=roles, stream_id="trajectory",
+                             anchor_interval=case.anchor)
+        dtypes = {n: payload_dtype(self.names[n]) for n in masters}
+        self.actor = TorchActor(masters, optimizer, sender, method=case.method, dtype=dtypes)
+
+    def version(self, version, canonical) -> str:
+        if self.case.fault == "corrupt" and self.shard.rank == 0:
+            group_module.exchange = _corrupting if version == 5 else exchange
+        grads = cut(self.shard, canonical_grads(canonical, version))
+        for name, param in self.actor.masters.items():
+            param.grad = grads[name]
+        self.actor.step()
+        try:
+            report = self.actor.sync(version)
+        except SyncError as exc:
+            assert self.actor.sender.acknowledged is None
+            return f"SyncError {type(exc.__cause__).__name__}"
+        return f"{report.kind.value} {report.reason}"
+
+
+class _Rollout:
+    def __init__(self, case, shard, roles):
+        self.case, self.shard = case, shard
+        expected = expected_rollout(shard, canonical_masters(case.config))
+        self.weights = {n: torch.zeros_like(t) for n, t in expected.items()}
+        self.receiver = GroupReceiver(self.weights, roles=roles)
+
+    def version(self, version, canonical) -> str:
+        fault = self.case.fault
+        if fault == "kill_rollout" and version == 3 and self.shard.rank == self.case.trainers:
+            return "died"
+        first = self.shard.rank == self.case.trainers
+        if first and (fault, version) in (("wrong_base", 4), ("restart", 5)):
+            if fault == "restart":
+                for tensor in self.weights.values():
+                    tensor.zero_()
+                self.receiver.version = self.receiver.stream_id = None
+            else:
+                self.receiver.version -= 1
+        before = {n: t.clone() for n, t in self.weights.items()}
+        held = self.receiver.version
+        try:
+            ack = self.receiver.sync()
+        except LinkError:
+            assert held == self.receiver.version
+            assert all(torch.equal(before[n].view(torch.uint8), t.view(torch.uint8))
+                       for n, t in self.weights.items() if t.numel())
+            return "LinkError, unchanged"
+        assert ack.accepted and version == self.receiver.version, ack
+        expected = expected_rollout(self.shard, canonical)
+        for name, tensor in self.weights.items():
+            want = expected[name]
+            bad = (want.reshape(-1).view(torch.uint8) != tensor.reshape(-1).view(torch.uint8))
+            assert not bool(bad.any()), f"rank {self.shard.rank} v{version} {name} differs"
+        return "bitwise equal"

@@ -1,0 +1,106 @@
+"""Multi-process group sync over real gloo process groups: Megatron-layout trainer ranks
+send to SGLang-layout rollout ranks, every version bitwise equal to a full sync."""
+
+from __future__ import annotations
+
+import multiprocessing
+import socket
+import time
+
+import pytest
+from areal_dte import Method
+from dte_codec.layouts import ModelConfig
+from dte_codec.megatron_layout import MegatronLayout
+from dte_codec.sglang_layout import SGLangLayout
+from group_worker import Case, run
+
+pytestmark = pytest.mark.distributed
+
+DENSE = ModelConfig(vocab=64, hidden=16, layers=2, heads=4, kv_heads=2, head_dim=4,
+                    intermediate=32)
+MOE = ModelConfig(vocab=64, hidden=16, layers=2, heads=4, kv_heads=2, head_dim=4,
+                  num_experts=4, moe_intermediate=8)
+JOIN_SECONDS = 240
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def launch(case: Case, tmp_path) -> dict[int, list[str]]:
+    """Run every rank of ``case`` in its own spawned process; return each rank's log."""
+    context = multiprocessing.get_context("spawn")
+    port = free_port()
+    procs = [context.Process(target=run, args=(rank, case, port, str(tmp_path)))
+             for rank in range(case.world)]
+    for proc in procs:
+        proc.start()
+    deadline = time.monotonic() + JOIN_SECONDS
+    for proc in procs:
+        proc.join(max(1.0, deadline - time.monotonic()))
+    alive = [p for p in procs if p.is_alive()]
+    for proc in alive:
+        proc.kill()
+    assert [] == alive, "ranks hung"
+    assert [0] * case.world == [p.exitcode for p in procs]
+    logs = {}
+    for rank in range(case.world):
+        path = tmp_path / f"rank{rank}.log"
+        logs[rank] = path.read_text().splitlines() if path.exists() else []
+    return logs
+
+
+LAYOUTS = [
+    pytest.param(DENSE, MegatronLayout(tp=2), SGLangLayout(tp=1), Method.ADAMW,
+                 id="dense-megatron-tp2-to-sglang-tp1-adamw"),
+    pytest.param(DENSE, MegatronLayout(tp=1), SGLangLayout(tp=2), Method.CAST,
+                 id="dense-megatron-tp1-to-sglang-tp2-cast"),
+    pytest.param(DENSE, MegatronLayout(tp=2), SGLangLayout(tp=4), Method.ADAMW,
+                 id="dense-megatron-tp2-to-sglang-tp4-adamw"),
+    pytest.param(MOE, MegatronLayout(ep=2), SGLangLayout(tp=1), Method.CAST,
+                 id="moe-megatron-ep2-to-sglang-tp1-cast-fp32-router"),
+]
+
+
+@pytest.mark.parametrize(("config", "trainer", "rollout", "method"), LAYOUTS)
+def test_versions_bitwise_equal_a_full_sync(config, trainer, rollout, method, tmp_path):
+    """12 versions of real AdamW steps with anchors every 4 deltas: every rollout rank
+    holds exactly the bf16 (router: fp32) weights a full sync gives, every version."""
+    logs = launch(Case(config, trainer, rollout, method=method, versions=12, anchor=4),
+                  tmp_path)
+    trainer_log = logs[0]
+    assert "v1 full no_base" in trainer_log[0]
+    kinds = [line.split()[2] for line in trainer_log]
+    assert ["full"] + ["delta"] * 4 + ["anchor"] + ["delta"] * 4 + ["anchor", "delta"] == kinds
+    for rank in range(trainer.world_size, trainer.world_size + rollout.world_size):
+        assert ["bitwise equal"] * 12 == [line.split(" ", 2)[2] for line in logs[rank]]
+
+
+@pytest.mark.parametrize("fault", ["corrupt", "wrong_base", "restart"])
+def test_faults_fall_back_to_a_full_sync(fault, tmp_path):
+    """A corrupted buffer, a rollout rank on the wrong base or restarted empty: the delta
+    is refused or vetoed, the same version goes full, and every version stays exact."""
+    case = Case(DENSE, MegatronLayout(tp=2), SGLangLayout(tp=2), versions=7, anchor=0,
+                fault=fault)
+    logs = launch(case, tmp_path)
+    kinds = [line.split(" ", 2)[2] for line in logs[0]]
+    fallback = {"corrupt": "full delta_rejected: bad_payload",
+                "wrong_base": "full base_mismatch", "restart": "full rollout_veto"}[fault]
+    at = 4 if fault == "wrong_base" else 5
+    assert fallback == kinds[at - 1]
+    assert all(k.startswith("delta") for i, k in enumerate(kinds[1:], 2) if i != at)
+    for rank in (2, 3):
+        assert ["bitwise equal"] * 7 == [line.split(" ", 2)[2] for line in logs[rank]]
+
+
+def test_dead_peer_raises_typed_errors_without_hanging(tmp_path):
+    """A rollout rank that dies before version 3: the trainers raise SyncError and the
+    other rollout rank LinkError within the group's timeout, its weights unchanged."""
+    case = Case(DENSE, MegatronLayout(tp=2), SGLangLayout(tp=2), versions=3,
+                fault="kill_rollout")
+    logs = launch(case, tmp_path)
+    for rank in (0, 1):
+        assert logs[rank][2].startswith(f"{rank} v3 SyncError")
+    assert "3 v3 LinkError, unchanged" == logs[3][2]
