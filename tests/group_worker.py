@@ -36,6 +36,8 @@ class Case:
     method: Method = Method.CAST
     versions: int = 12
     anchor: int = 4
+    coalesce: bool = True
+    """False: the per-op point-to-point variant (``DTE_DELTA_P2P_COALESCE=0``)."""
     fault: str | None = None
     """None; "kill_rollout": the first rollout rank dies before version 3; "corrupt": a
     byte of one payload flips in flight at version 5; "wrong_base": the first rollout rank
@@ -85,9 +87,11 @@ def expected_rollout(shard, canonical_master):
     return {n: t.to(dtype_of.get(n, torch.bfloat16)) for n, t in local.items()}
 
 
-def run(rank: int, case: Case, port: int, out_dir: str) -> None:
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=case.world, timeout=datetime.timedelta(seconds=20))
+def run(rank: int, case: Case, port: int, out_dir: str, rejoin_port: int | None = None,
+        replacement: bool = False) -> None:
+    """One rank's whole life; with ``rejoin_port`` the survivors of a dead peer form a new
+    group there with a ``replacement`` process, which starts empty at version 4."""
+    _join(rank, case, rejoin_port if replacement else port)
     roles = Roles(range(case.trainers), range(case.trainers, case.world))
     rollout_shards = [attrs.evolve(sglang_shard(case.config, case.rollout, rank=r),
                                    rank=case.trainers + r) for r in range(case.rollout.tp)]
@@ -104,14 +108,29 @@ def run(rank: int, case: Case, port: int, out_dir: str) -> None:
         for param, grad in zip(reference_params, canonical_grads(reference, version).values()):
             param.grad = grad
         reference_opt.step()
+        if replacement and version < REJOIN_VERSION:
+            continue
         canonical = {n: p.detach() for n, p in zip(reference, reference_params)}
         outcome = role.version(version, canonical)
         log.append(f"{rank} v{version} {outcome}")
         if outcome == "died":
             os._exit(0)
-    with open(os.path.join(out_dir, f"rank{rank}.log"), "w") as fh:
+        if "Error" in outcome and rejoin_port is not None:
+            dist.destroy_process_group()
+            _join(rank, case, rejoin_port)
+    suffix = "-replacement" if replacement else ""
+    with open(os.path.join(out_dir, f"rank{rank}{suffix}.log"), "w") as fh:
         fh.write("\n".join(log))
     dist.destroy_process_group()
+
+
+REJOIN_VERSION = 4
+"""The first version a replacement process takes part in."""
+
+
+def _join(rank: int, case: Case, port: int) -> None:
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=case.world, timeout=datetime.timedelta(seconds=20))
 
 
 def _corrupting(outgoing, **kwargs):
@@ -135,7 +154,7 @@ class _Trainer:
         self.shard = shard
         optimizer = torch.optim.AdamW(masters.values(), lr=LR, weight_decay=WD, foreach=True)
         sender = GroupSender(plan(shard, rollout_shards), roles=roles, stream_id="trajectory",
-                             anchor_interval=case.anchor)
+                             anchor_interval=case.anchor, coalesce=case.coalesce)
         dtypes = {n: payload_dtype(self.names[n]) for n in masters}
         self.actor = TorchActor(masters, optimizer, sender, method=case.method, dtype=dtypes)
 
@@ -159,7 +178,7 @@ class _Rollout:
         self.case, self.shard = case, shard
         expected = expected_rollout(shard, canonical_masters(case.config))
         self.weights = {n: torch.zeros_like(t) for n, t in expected.items()}
-        self.receiver = GroupReceiver(self.weights, roles=roles)
+        self.receiver = GroupReceiver(self.weights, roles=roles, coalesce=case.coalesce)
 
     def version(self, version, canonical) -> str:
         fault = self.case.fault

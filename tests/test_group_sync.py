@@ -29,27 +29,35 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def launch(case: Case, tmp_path) -> dict[int, list[str]]:
-    """Run every rank of ``case`` in its own spawned process; return each rank's log."""
+def launch(case: Case, tmp_path, *, replace_rank: int | None = None) -> dict[str, list[str]]:
+    """Run every rank of ``case`` in its own spawned process; return each rank's log.
+
+    With ``replace_rank``, once that rank's process has exited a replacement starts and
+    the survivors re-form the group with it on a second port.
+    """
     context = multiprocessing.get_context("spawn")
-    port = free_port()
-    procs = [context.Process(target=run, args=(rank, case, port, str(tmp_path)))
+    port, rejoin = free_port(), free_port()
+    procs = [context.Process(target=run, args=(rank, case, port, str(tmp_path)),
+                             kwargs={"rejoin_port": rejoin if replace_rank is not None else None})
              for rank in range(case.world)]
     for proc in procs:
         proc.start()
     deadline = time.monotonic() + JOIN_SECONDS
+    if replace_rank is not None:
+        procs[replace_rank].join(JOIN_SECONDS)
+        replacement = context.Process(target=run, args=(replace_rank, case, rejoin,
+                                                        str(tmp_path)),
+                                      kwargs={"rejoin_port": rejoin, "replacement": True})
+        replacement.start()
+        procs.append(replacement)
     for proc in procs:
         proc.join(max(1.0, deadline - time.monotonic()))
     alive = [p for p in procs if p.is_alive()]
     for proc in alive:
         proc.kill()
     assert [] == alive, "ranks hung"
-    assert [0] * case.world == [p.exitcode for p in procs]
-    logs = {}
-    for rank in range(case.world):
-        path = tmp_path / f"rank{rank}.log"
-        logs[rank] = path.read_text().splitlines() if path.exists() else []
-    return logs
+    assert [0] * len(procs) == [p.exitcode for p in procs]
+    return {path.stem: path.read_text().splitlines() for path in tmp_path.glob("rank*.log")}
 
 
 LAYOUTS = [
@@ -70,12 +78,12 @@ def test_versions_bitwise_equal_a_full_sync(config, trainer, rollout, method, tm
     holds exactly the bf16 (router: fp32) weights a full sync gives, every version."""
     logs = launch(Case(config, trainer, rollout, method=method, versions=12, anchor=4),
                   tmp_path)
-    trainer_log = logs[0]
+    trainer_log = logs["rank0"]
     assert "v1 full no_base" in trainer_log[0]
     kinds = [line.split()[2] for line in trainer_log]
     assert ["full"] + ["delta"] * 4 + ["anchor"] + ["delta"] * 4 + ["anchor", "delta"] == kinds
     for rank in range(trainer.world_size, trainer.world_size + rollout.world_size):
-        assert ["bitwise equal"] * 12 == [line.split(" ", 2)[2] for line in logs[rank]]
+        assert ["bitwise equal"] * 12 == [line.split(" ", 2)[2] for line in logs[f"rank{rank}"]]
 
 
 @pytest.mark.parametrize("fault", ["corrupt", "wrong_base", "restart"])
@@ -85,22 +93,37 @@ def test_faults_fall_back_to_a_full_sync(fault, tmp_path):
     case = Case(DENSE, MegatronLayout(tp=2), SGLangLayout(tp=2), versions=7, anchor=0,
                 fault=fault)
     logs = launch(case, tmp_path)
-    kinds = [line.split(" ", 2)[2] for line in logs[0]]
+    kinds = [line.split(" ", 2)[2] for line in logs["rank0"]]
     fallback = {"corrupt": "full delta_rejected: bad_payload",
                 "wrong_base": "full base_mismatch", "restart": "full rollout_veto"}[fault]
     at = 4 if fault == "wrong_base" else 5
     assert fallback == kinds[at - 1]
     assert all(k.startswith("delta") for i, k in enumerate(kinds[1:], 2) if i != at)
     for rank in (2, 3):
-        assert ["bitwise equal"] * 7 == [line.split(" ", 2)[2] for line in logs[rank]]
+        assert ["bitwise equal"] * 7 == [line.split(" ", 2)[2] for line in logs[f"rank{rank}"]]
 
 
-def test_dead_peer_raises_typed_errors_without_hanging(tmp_path):
-    """A rollout rank that dies before version 3: the trainers raise SyncError and the
-    other rollout rank LinkError within the group's timeout, its weights unchanged."""
-    case = Case(DENSE, MegatronLayout(tp=2), SGLangLayout(tp=2), versions=3,
+def test_dead_peer_raises_typed_errors_then_rejoin_syncs_full(tmp_path):
+    """A rollout rank dies before version 3: the trainers raise SyncError and the other
+    rollout rank LinkError within the group's timeout, its weights unchanged. The
+    survivors re-form the group with a replacement that starts empty: version 4 goes in
+    full, version 5 and 6 as deltas, all bitwise equal."""
+    case = Case(DENSE, MegatronLayout(tp=2), SGLangLayout(tp=2), versions=6, anchor=0,
                 fault="kill_rollout")
-    logs = launch(case, tmp_path)
+    logs = launch(case, tmp_path, replace_rank=2)
     for rank in (0, 1):
-        assert logs[rank][2].startswith(f"{rank} v3 SyncError")
-    assert "3 v3 LinkError, unchanged" == logs[3][2]
+        outcomes = [line.split(" ", 2)[2] for line in logs[f"rank{rank}"]]
+        assert outcomes[2].startswith("SyncError")
+        assert ["full no_base", "delta delta", "delta delta"] == outcomes[3:]
+    assert ["bitwise equal"] * 2 + ["LinkError, unchanged"] + ["bitwise equal"] * 3 == [
+        line.split(" ", 2)[2] for line in logs["rank3"]]
+    assert ["bitwise equal"] * 3 == [line.split(" ", 2)[2] for line in logs["rank2-replacement"]]
+
+
+def test_per_op_point_to_point_and_pipeline_stages(tmp_path):
+    """The per-op variant (no coalescing) with a two-stage pipeline on the trainer side."""
+    case = Case(DENSE, MegatronLayout(tp=1, pp=2), SGLangLayout(tp=2), versions=5,
+                coalesce=False)
+    logs = launch(case, tmp_path)
+    for rank in (2, 3):
+        assert ["bitwise equal"] * 5 == [line.split(" ", 2)[2] for line in logs[f"rank{rank}"]]

@@ -98,7 +98,8 @@ def test_model_config_from_hf():
                                tie_word_embeddings=False, mlp_only_layers=[],
                                decoder_sparse_step=1)
     expected = ModelConfig(vocab=64, hidden=8, layers=2, heads=4, kv_heads=2, head_dim=4,
-                           intermediate=16, num_experts=4, moe_intermediate=6)
+                           intermediate=16, num_experts=4, moe_intermediate=6,
+                           tie_word_embeddings=False)
     assert expected == ModelConfig.from_hf(hf)
 
 

@@ -179,7 +179,7 @@ def _check_regions(weights: Mapping[str, torch.Tensor], staged: list[_Staged],
         raise MismatchError("entries", expected="every tensor of the receiver",
                             got=f"a full payload without {missing[:5]}")
     for name, items in by_name.items():
-        covered = sum(i.where.volume for i in items)
+        covered = sum(i.where.numel for i in items)
         if covered != weights[name].numel():
             raise MismatchError("entries", expected=f"{weights[name].numel()} elements covered",
                                 got=covered, tensor=name)

@@ -60,8 +60,8 @@ def _region(entry: Entry, sections: tuple[torch.Tensor, ...]) -> torch.Tensor | 
         return Box.whole(entry.shape)
     if entry.index_encoding == IndexEncoding.BOX:
         box = Box.from_tensor(sections[0], entry.shape, tensor=entry.name)
-        if box.volume != entry.count:
-            raise EntryError("box", expected=f"volume {entry.count}", got=box.volume,
+        if box.numel != entry.count:
+            raise EntryError("box", expected=f"volume {entry.count}", got=box.numel,
                              tensor=entry.name)
         return box
     return decode_indices(entry, sections)

@@ -17,7 +17,6 @@ a replicated target region is written on every replica.
 
 from __future__ import annotations
 
-import math
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 
@@ -25,55 +24,7 @@ import attrs
 import torch
 
 from .errors import GeometryError
-
-
-def _ints(value: Sequence[int]) -> tuple[int, ...]:
-    return tuple(int(v) for v in value)
-
-
-def _check_box(box: Box, attribute: attrs.Attribute, size: tuple[int, ...]) -> None:
-    if len(box.start) != len(size) or min(box.start + size, default=0) < 0:
-        raise GeometryError("box", expected="start and size of equal length, >= 0",
-                            got=f"start {box.start}, size {size}")
-
-
-@attrs.frozen
-class Box:
-    """A unit-step box of a tensor: ``start`` and ``size`` per dimension."""
-
-    start: tuple[int, ...] = attrs.field(converter=_ints)
-    size: tuple[int, ...] = attrs.field(converter=_ints, validator=_check_box)
-
-    @classmethod
-    def whole(cls, shape: Sequence[int]) -> Box:
-        """The box covering a whole tensor of ``shape``."""
-        return cls((0,) * len(shape), shape)
-
-    @property
-    def stop(self) -> tuple[int, ...]:
-        return tuple(s + n for s, n in zip(self.start, self.size))
-
-    @property
-    def numel(self) -> int:
-        return math.prod(self.size)
-
-    @property
-    def squeezed(self) -> tuple[int, ...]:
-        """The box's shape without its size-1 dimensions (what element order depends on)."""
-        return tuple(n for n in self.size if n != 1)
-
-    def slices(self) -> tuple[slice, ...]:
-        """Index a tensor with this to get the box as a strided view."""
-        return tuple(slice(s, s + n) for s, n in zip(self.start, self.size))
-
-    def inside(self, shape: Sequence[int]) -> bool:
-        return len(shape) == len(self.size) and all(e <= d for e, d in zip(self.stop, shape))
-
-    def intersect(self, other: Box) -> Box:
-        """The common box (``numel`` 0 when they do not overlap)."""
-        start = tuple(max(a, b) for a, b in zip(self.start, other.start))
-        stop = tuple(min(a, b) for a, b in zip(self.stop, other.stop))
-        return Box(start, tuple(max(0, e - s) for s, e in zip(start, stop)))
+from .region import Box, int_tuple
 
 
 @attrs.frozen(kw_only=True)
@@ -113,7 +64,7 @@ class Piece:
 class TensorSpec:
     """A local or canonical tensor's shape and dtype."""
 
-    shape: tuple[int, ...] = attrs.field(converter=_ints)
+    shape: tuple[int, ...] = attrs.field(converter=int_tuple)
     dtype: torch.dtype
 
 
@@ -162,14 +113,14 @@ def materialize(shard: Shard, canonical: Mapping[str, torch.Tensor], *,
     return out
 
 
-@attrs.frozen(kw_only=True)
+@attrs.frozen(kw_only=True, cache_hash=True)
 class Transfer:
     """Copy the box ``source_box`` of one source local tensor into the box
     ``target_box`` of ``target_tensor`` (shaped ``target_shape``) on ``target_rank``."""
 
     target_rank: int
     target_tensor: str
-    target_shape: tuple[int, ...] = attrs.field(converter=_ints)
+    target_shape: tuple[int, ...] = attrs.field(converter=int_tuple)
     source_box: Box
     target_box: Box
 

@@ -38,7 +38,8 @@ def _positive(default: int):
 
 @attrs.frozen(kw_only=True)
 class ModelConfig:
-    """The shape of a Qwen3 (``num_experts == 0``) or Qwen3-MoE model (every layer MoE)."""
+    """The shape of a Qwen3 (``num_experts == 0``) or Qwen3-MoE model (every layer MoE);
+    the defaults are Qwen3-0.6B's."""
 
     vocab: int = _positive(151936)
     """Vocabulary size (rows of the embedding and of the LM head)."""
@@ -58,7 +59,7 @@ class ModelConfig:
     """Routed experts per layer; 0: a dense Qwen3."""
     moe_intermediate: int = _positive(768)
     """Width of one expert's MLP."""
-    tie_word_embeddings: bool = attrs.field(default=False, validator=instance_of(bool))
+    tie_word_embeddings: bool = attrs.field(default=True, validator=instance_of(bool))
     """The LM head is the embedding (no ``lm_head.weight`` of its own)."""
     dtype: torch.dtype = attrs.field(default=torch.bfloat16, validator=instance_of(torch.dtype))
     """Dtype of every weight."""

@@ -50,7 +50,7 @@ def box_part(name: str, block: torch.Tensor, *, shape: tuple[int, ...],
             b < 0 or b + n > d for b, n, d in zip(box.start, box.size, shape)):
         raise EncodeError("box", expected=f"a region inside shape {tuple(shape)}",
                           got=f"start {box.start}, size {box.size}", tensor=name)
-    entry = Entry(name=name, dtype=block.dtype, shape=tuple(shape), count=box.volume,
+    entry = Entry(name=name, dtype=block.dtype, shape=tuple(shape), count=box.numel,
                   index_encoding=IndexEncoding.BOX)
     return Part(entry, (box.to_tensor().to(block.device), _bytes_of(block)))
 
@@ -60,7 +60,7 @@ def sparse_part(name: str, values: torch.Tensor, *, shape: tuple[int, ...],
     """New ``values`` at sorted flat ``indices`` of a tensor of ``shape``, each in the
     cheapest exact encoding, given bounds on the receiver's current values."""
     _check_tensor(name, values.dtype)
-    numel = Box.whole(tuple(shape)).volume
+    numel = Box.whole(tuple(shape)).numel
     indices = indices.reshape(-1).to(device=values.device, dtype=torch.int64)
     check_sorted_positions(indices, numel, field="indices", tensor=name, error=EncodeError)
     for field, array in (("values", values), ("base_low", base_low), ("base_high", base_high)):

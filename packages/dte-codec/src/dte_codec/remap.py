@@ -15,6 +15,7 @@ strided view; dense entries never travel as index lists.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Mapping, Sequence
 
@@ -38,33 +39,42 @@ class Remapped:
 def remap(transfers: Sequence[Transfer], source_shape: Sequence[int], indices: torch.Tensor,
           *, tensor: str = "") -> dict[tuple[int, str], Remapped]:
     """Map flat ``indices`` of a source local tensor shaped ``source_shape`` to every
-    target of ``transfers`` (the plan of that tensor).
+    target of ``transfers`` (the plan of that tensor). ``indices`` need not be sorted but
+    must be unique (a repeated index stays repeated in every target it reaches).
 
     Raises:
         GeometryError: ``indices`` is not a 1-D integer tensor inside the source tensor,
             or a transfer's box lies outside its source or target tensor.
     """
     shape = tuple(source_shape)
-    _check_indices(indices, shape, tensor)
+    _check_index_type(indices, tensor)
     _check_boxes(transfers, shape, tensor)
-    keys = sorted({t.target for t in transfers})
-    if not keys:
+    if not transfers:
+        _check_range(indices, shape, tensor)
         return {}
-    table = _Table.build(transfers, keys, indices.device)
+    table = _table(tuple(transfers), shape, indices.device)
     coords = _unravel(indices.to(torch.int64), shape)
-    which, positions = table.inside(coords).nonzero(as_tuple=True)
-    offsets = coords[positions] - table.starts[which]
-    flat = table.bases[which] + (offsets * table.weights[which]).sum(-1)
-    group = table.groups[which]
-    order = torch.argsort(table.group_offsets[group] + flat)
-    counts = torch.bincount(group, minlength=len(keys)).tolist()
-    flats = flat[order].split(counts)
-    places = positions[order].split(counts)
+    which, positions = table.select(coords, indices.numel())
+    flat = table.target_flat(coords, which, positions)
+    key = table.sort_key(flat, which)
+    bounds = table.group_starts
+    # One host sync in the common case: range check, order check and group sizes together.
+    flags = torch.stack([_out_of_range(indices, shape), _unsorted(key)]).to(torch.int64)
+    summary = torch.cat([flags, torch.searchsorted(key, bounds)]).tolist()
+    if summary[0]:
+        _check_range(indices, shape, tensor)
+    starts = summary[2:]
+    if summary[1]:
+        order = torch.argsort(key)
+        flat, positions, key = (t.index_select(0, order) for t in (flat, positions, key))
+        starts = torch.searchsorted(key, bounds).tolist()
+    counts = [b - a for a, b in zip([0] + starts, starts + [key.numel()])]
     out = {}
-    for key, target_flat, place in zip(keys, flats, places):
-        numel = math.prod(table.shapes[key])
+    for target, target_flat, place in zip(table.keys, flat.split(counts),
+                                          positions.split(counts)):
+        numel = math.prod(table.shapes[target])
         dtype = torch.int32 if numel < INDEX32_LIMIT else torch.int64
-        out[key] = Remapped(target_flat.to(dtype), place)
+        out[target] = Remapped(target_flat.to(dtype), place)
     return out
 
 
@@ -93,14 +103,32 @@ def copy_slices(transfers: Sequence[Transfer], source_tensor: torch.Tensor,
         view.copy_(source_tensor[transfer.source_box.slices()].view(view.shape))
 
 
-def _check_indices(indices: torch.Tensor, shape: tuple[int, ...], tensor: str) -> None:
+def _check_index_type(indices: torch.Tensor, tensor: str) -> None:
     if indices.dim() != 1 or indices.dtype not in (torch.int32, torch.int64):
         raise GeometryError("indices", tensor=tensor, expected="a 1-D int32 or int64 tensor",
                             got=f"{indices.dim()}-D {indices.dtype}")
-    numel = math.prod(shape)
+
+
+def _out_of_range(indices: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
+    """A 0-d bool tensor (no host sync): some index lies outside the source tensor."""
+    if indices.numel() == 0:
+        return torch.zeros((), dtype=torch.bool, device=indices.device)
+    low, high = torch.aminmax(indices)
+    return (low < 0) | (high >= math.prod(shape))
+
+
+def _unsorted(key: torch.Tensor) -> torch.Tensor:
+    """A 0-d bool tensor: ``key`` is not strictly increasing."""
+    if key.numel() < 2:
+        return torch.zeros((), dtype=torch.bool, device=key.device)
+    return (key[1:] <= key[:-1]).any()
+
+
+def _check_range(indices: torch.Tensor, shape: tuple[int, ...], tensor: str) -> None:
     if indices.numel() == 0:
         return
     low, high = (int(v) for v in torch.aminmax(indices))
+    numel = math.prod(shape)
     if low < 0 or high >= numel:
         raise GeometryError("indices", tensor=tensor, expected=f"inside [0, {numel})",
                             got=f"[{low}, {high}]")
@@ -125,66 +153,108 @@ def _strides(shape: Sequence[int]) -> list[int]:
     return strides[::-1]
 
 
-def _unravel(flat: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
-    """``(n, ndim)`` row-major coordinates of the flat indices."""
-    columns = [(flat // stride) % size for stride, size in zip(_strides(shape), shape)]
-    return torch.stack(columns, dim=1) if columns else flat.new_zeros((flat.numel(), 0))
+def _unravel(flat: torch.Tensor, shape: tuple[int, ...]) -> list[torch.Tensor]:
+    """Per dimension, the row-major coordinate of each flat index."""
+    return [(flat // stride) % size for stride, size in zip(_strides(shape), shape)]
+
+
+PerTransfer = int | torch.Tensor
+"""A value per transfer: a plain int when every transfer has the same one (no gather)."""
 
 
 @attrs.frozen
 class _Table:
-    """The transfers of one parameter as tensors: source box ``starts``/``stops``, and
-    the affine map to the target flat index, ``bases + (coord - start) @ weights``."""
+    """The transfers of one parameter on one device, grouped by target (``keys``): the
+    source box ``bounds`` in the dimensions where some box is not the whole tensor, and
+    per transfer an affine map ``shift + sum_d coord_d * weight_d`` to the target flat
+    index. Targets are laid one after another (``offset`` per transfer, ``group_starts``)
+    so that one sort key orders every group. Its memory is a ``(transfers, n)`` mask."""
 
-    starts: torch.Tensor
-    stops: torch.Tensor
-    weights: torch.Tensor
-    bases: torch.Tensor
-    groups: torch.Tensor
-    group_offsets: torch.Tensor
+    count: int
+    keys: tuple[tuple[int, str], ...]
     shapes: dict[tuple[int, str], tuple[int, ...]]
+    bounds: tuple[tuple[int, torch.Tensor, torch.Tensor], ...]
+    shift: PerTransfer
+    weights: tuple[tuple[int, PerTransfer], ...]
+    offset: PerTransfer
+    group_starts: torch.Tensor
 
-    @classmethod
-    def build(cls, transfers: Sequence[Transfer], keys: list[tuple[int, str]],
-              device: torch.device) -> _Table:
-        group_of = {key: g for g, key in enumerate(keys)}
-        shapes = {t.target: t.target_shape for t in transfers}
-        offsets = [0]
-        for key in keys[:-1]:  # targets placed one after another make one sort key
-            offsets.append(offsets[-1] + math.prod(shapes[key]))
-        rows = [_affine(t) for t in transfers]
-        return cls(
-            starts=_int64([list(t.source_box.start) for t in transfers], device),
-            stops=_int64([list(t.source_box.stop) for t in transfers], device),
-            weights=_int64([weights for _, weights in rows], device),
-            bases=_int64([base for base, _ in rows], device),
-            groups=_int64([group_of[t.target] for t in transfers], device),
-            group_offsets=_int64(offsets, device), shapes=shapes)
+    def select(self, coords: list[torch.Tensor], n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Which transfer and which input position each output element comes from,
+        ordered by transfer, then position."""
+        if not self.bounds:  # every box is the whole tensor
+            device = self.group_starts.device
+            which = torch.arange(self.count, device=device).repeat_interleave(n)
+            return which, torch.arange(n, device=device).repeat(self.count)
+        mask = None
+        for d, low, high in self.bounds:
+            inside = (coords[d] >= low) & (coords[d] < high)
+            mask = inside if mask is None else mask & inside
+        return mask.nonzero(as_tuple=True)
 
-    def inside(self, coords: torch.Tensor) -> torch.Tensor:
-        """``(transfers, n)``: whether each index lies in each transfer's source box."""
-        mask = torch.ones((self.starts.shape[0], coords.shape[0]), dtype=torch.bool,
-                          device=coords.device)
-        for d in range(coords.shape[1]):
-            column = coords[:, d]
-            mask &= (column >= self.starts[:, d, None]) & (column < self.stops[:, d, None])
-        return mask
+    def target_flat(self, coords: list[torch.Tensor], which: torch.Tensor,
+                    positions: torch.Tensor) -> torch.Tensor:
+        flat = torch.zeros_like(positions) + _gather(self.shift, which)
+        for d, weight in self.weights:
+            flat += coords[d].index_select(0, positions) * _gather(weight, which)
+        return flat
+
+    def sort_key(self, flat: torch.Tensor, which: torch.Tensor) -> torch.Tensor:
+        return flat + _gather(self.offset, which)
 
 
-def _int64(values: list, device: torch.device) -> torch.Tensor:
+def _gather(value: PerTransfer, which: torch.Tensor) -> PerTransfer:
+    return value if isinstance(value, int) else value.index_select(0, which)
+
+
+@functools.lru_cache(maxsize=4096)
+def _table(transfers: tuple[Transfer, ...], shape: tuple[int, ...],
+           device: torch.device) -> _Table:
+    """Built once per (plan of a parameter, device): every sync step reuses it."""
+    transfers = tuple(sorted(transfers, key=lambda t: t.target))
+    keys = tuple(sorted({t.target for t in transfers}))
+    shapes = {t.target: t.target_shape for t in transfers}
+    starts = [0]
+    for key in keys:
+        starts.append(starts[-1] + math.prod(shapes[key]))
+    start_of = dict(zip(keys, starts))
+    affine = [_affine(t) for t in transfers]
+
+    bounds = []
+    for d, size in enumerate(shape):
+        low = [t.source_box.start[d] for t in transfers]
+        high = [t.source_box.stop[d] for t in transfers]
+        if max(low) > 0 or min(high) < size:  # skip dimensions every box spans
+            bounds.append((d, _column(low, device), _column(high, device)))
+    weights = [(d, _per_transfer([w[d] for _, w in affine], device)) for d in range(len(shape))]
+    return _Table(count=len(transfers), keys=keys, shapes=shapes, bounds=tuple(bounds),
+                  shift=_per_transfer([shift for shift, _ in affine], device),
+                  weights=tuple((d, w) for d, w in weights if not isinstance(w, int) or w),
+                  offset=_per_transfer([start_of[t.target] for t in transfers], device),
+                  group_starts=torch.tensor(starts[1:-1], dtype=torch.int64, device=device))
+
+
+def _per_transfer(values: list[int], device: torch.device) -> PerTransfer:
+    if len(set(values)) == 1:
+        return values[0]
     return torch.tensor(values, dtype=torch.int64, device=device)
 
 
-def _affine(transfer: Transfer) -> tuple[int, list[int]]:
+def _column(values: list[int], device: torch.device) -> torch.Tensor:
+    """``values`` as a ``(transfers, 1)`` tensor, to compare against all indices at once."""
+    return torch.tensor(values, dtype=torch.int64, device=device)[:, None]
+
+
+def _affine(transfer: Transfer) -> tuple[int, tuple[int, ...]]:
     """The target flat index of the box's first element, and per source dimension the
     target stride its offset moves by (the k-th non-singleton source dimension is the
     k-th non-singleton target dimension; singleton ones never move)."""
     strides = _strides(transfer.target_shape)
-    base = sum(s * w for s, w in zip(transfer.target_box.start, strides))
     target_dims = [d for d, n in enumerate(transfer.target_box.size) if n != 1]
     weights = [0] * len(transfer.source_box.size)
     source_dims = [d for d, n in enumerate(transfer.source_box.size) if n != 1]
     for sd, td in zip(source_dims, target_dims):
         weights[sd] = strides[td]
-    return base, weights
-
+    base = sum(s * w for s, w in zip(transfer.target_box.start, strides))
+    shift = base - sum(s * w for s, w in zip(transfer.source_box.start, weights))
+    return shift, tuple(weights)
