@@ -24,8 +24,7 @@ import torch
 from dte_codec import apply_, decode, encode_delta
 from dte_codec.bits import order_keys
 from dte_detector import CastDetector, diff, invert_adamw, torch_adamw_states
-from dte_detector.inversion import (GUARD_ULPS, SUBNORMAL_ROUNDING, UNIT_ROUNDOFF,
-                                    bias_correction_error, estimate_previous)
+from dte_detector.inversion import estimate_previous, guard_band
 
 SETTINGS = [(3e-6, 0.003), (1e-5, 0.1), (1e-3, 0.01)]
 IMPLS = {"fused": {"fused": True}, "foreach": {"foreach": True}}
@@ -78,9 +77,7 @@ def error_in_ulps(row: dict, before: torch.Tensor, after: torch.Tensor, state) -
         p, p0 = after[part], before[part]
         estimate, u, c = estimate_previous(p, state.exp_avg[part], state.exp_avg_sq[part],
                                            state.hyper)
-        kappa = bias_correction_error(state.hyper)
-        scale = (GUARD_ULPS * ((p.abs() + u.abs()) * UNIT_ROUNDOFF + SUBNORMAL_ROUNDING)
-                 + 2 * kappa * u.abs()) / c
+        scale = guard_band(p, u, state.exp_avg_sq[part], c, state.hyper)
         ratio = ((p0.double() - estimate.double()).abs() / scale.double())
         ratio = torch.where(torch.isfinite(ratio), ratio, torch.zeros_like(ratio))
         top = int(ratio.argmax())

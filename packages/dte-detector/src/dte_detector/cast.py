@@ -2,10 +2,13 @@
 
 Call ``record`` right before the master is copied into the low-precision model tensor
 (Megatron's ``_copy_main_params_to_model_params``, or ``model.copy_(master)`` in a plain
-loop): an element is dirty iff ``cast(master)`` and the model differ in bits. Dirty bits
+loop): an element is dirty iff ``cast(master)`` and the model differ in bits, or both are
+NaN (which NaN pattern the copy writes depends on the tensor's layout). Dirty bits
 accumulate in a packed map (1 bit per element) over any number of optimizer steps of any
 optimizer until ``clear``. The value an element had when it first turned dirty is the
-receiver's base, so it is kept too (O(changed) memory), which makes the change sets exact.
+receiver's base, so it is kept too (O(changed) memory), which makes the change sets exact:
+bases are exact, and the only elements reported without a bit change are those that
+changed and came back since the clear, and NaN over NaN.
 """
 
 from __future__ import annotations
@@ -38,7 +41,10 @@ class CastDetector:
     def record(self, name: str, master: torch.Tensor, model: torch.Tensor) -> None:
         """Mark what the coming ``model.copy_(master)`` will change; call it before the copy."""
         flat = model.detach().reshape(-1)
-        flips = int_bits(master.detach().reshape(-1).to(model.dtype)) != int_bits(flat)
+        cast = master.detach().reshape(-1).to(model.dtype)
+        # The NaN pattern a cast writes depends on torch's kernel path (bf16: 0x7FC0 from the
+        # scalar and strided loops, 0xFFFF from the vectorised one), so NaN over NaN counts.
+        flips = (int_bits(cast) != int_bits(flat)) | (torch.isnan(cast) & torch.isnan(flat))
         dirty = self._dirty.get(name)
         before = torch.zeros_like(flips) if dirty is None else _unpack(dirty, flips.numel())
         fresh = torch.nonzero(flips & ~before).view(-1)

@@ -15,20 +15,35 @@ arithmetic and ours round. With ``eps32 = 2**-24`` (fp32 unit roundoff), ``eta =
 * the forward rounds ``p = p1 - u'`` once (addcdiv, FMA or not): <= eps32 |p| + eta;
 * the forward's ``u'`` and our ``u`` come from the same ``m``, ``v`` and scalars through
   at most six rounded operations in possibly different orders (torch's for-loop,
-  foreach and fused kernels differ here): ``|u' - u| <= 6 eps32 |u|``;
+  foreach and fused kernels differ here): ``|u' - u| <= 6 eps32 |u|``; and the bias
+  corrections ``1 - beta**t`` may be computed from fp32-rounded betas with an fp32
+  ``pow`` (torch's fused CUDA kernel: seen on an H200 as a 1e-5 relative error of ``u``
+  at ``beta2 = 0.999``), off by up to ``rho = (t + 2) eps32 beta**t / (1 - beta**t)``
+  relatively, so ``|u' - u|`` gains ``kappa |u|`` with ``kappa = rho1 + rho2 / 2``;
+* an intermediate of ``u'`` that underflows into fp32 subnormals (torch's CPU addcdiv
+  forms ``(-step_size * m) / d``; other kernels ``m / bc1`` or ``lr * m`` first) has an
+  absolute error of eta that the later divisions by ``d = sqrt(v) / sqrt(bc2) + eps``
+  and ``bc1`` amplify: ``|u' - u|`` gains ``mu = eta / (bc1 d)`` (seen with gradients
+  of 1e-33, lr 1e-7, eps 1e-8: a 5e-6 relative error of ``u``; an underflow after the
+  last division is within the eta terms);
 * our ``p + u`` and ``/ c`` round once each: <= 2 eps32 A / c, plus eta each.
 
-Summing, ``|p0 - e| <= (11 eps32 A + 3 eta) / c``; the bounds ``e -+ g`` are themselves
-rounded once more (one eps32). The default guard ``g = 16 (eps32 A + eta) / c`` covers
-this with margin. If both ``cast(e - g)`` and ``cast(e + g)`` equal ``cast(p)`` bit for bit
-then, the cast being monotone, so does ``cast(p0)``: unchanged. Everything else is
-reported, so over-reporting is about ``2 g`` over the width of a cast bucket (~1e-4 of the
-elements for bf16; all elements with a non-zero update for fp32 payloads, whose bucket
-is a single value) and is measured by ``tools/bench_detectors.py``.
+Summing, ``|p0 - e| <= (11 eps32 A + 3 eta + kappa |u| + mu) / c``; the bounds ``e -+ g``
+are themselves rounded once more (one eps32). The default guard
+``g = (16 (eps32 A + eta + mu) + 2 kappa |u|) / c`` covers this with margin. If both
+``cast(e - g)`` and ``cast(e + g)`` equal ``cast(p)`` bit for bit then, the cast being
+monotone, so does ``cast(p0)``: unchanged. Everything else is reported, so
+over-reporting is about ``2 g`` over the width of a cast bucket (1.8e-4 of the elements
+for bf16 payloads of ~N(0, 0.02) weights at lr 3e-6 and 1e-5, measured by
+``tools/bench_detectors.py``; all elements with a non-zero update for fp32 payloads,
+whose bucket is a single value).
 
-Exact cases. ``m == 0`` gives ``u' == 0`` in every implementation, so with ``c == 1``,
-or with ``p == 0`` and ``c > 1/2``, the master did not move: unchanged. Any non-finite
-``p`` or ``u`` is reported with unknown bounds.
+Exact cases. ``m == 0`` gives ``u' == +-0`` in every implementation, so with ``c == 1``
+and ``p != 0`` the master did not move: unchanged. A zero ``p`` is ``-0`` only if ``p0``
+was ``-0`` (a rounded sum or difference is ``-0`` only when both terms are), so
+``p == -0`` with ``m == 0`` is unchanged too; ``p == +0`` may come from ``p0 == -0``
+(``m == -0`` flips the zero's sign through ``u' == +0``) and goes through the guard band,
+which reports it. Any non-finite ``p`` or ``u`` is reported with unknown bounds.
 
 Assumptions: IEEE fp32 arithmetic with round-to-nearest and no flush-to-zero in the
 optimizer; exactly one step between the reference and now (``previous_step + 1``);
@@ -51,10 +66,11 @@ from .errors import StepGapError
 
 UNIT_ROUNDOFF = 2.0**-24
 SUBNORMAL_ROUNDING = 2.0**-150
+_HALF_ETA = 2.0**-75
 GUARD_ULPS = 16.0
 """Default guard width in fp32 unit roundoffs of ``|p| + |u|`` (>= 12 derived above)."""
-CHUNK = 1 << 22
-"""Elements processed at once, bounding the temporaries to a few tens of MiB."""
+CHUNK = 1 << 24
+"""Elements processed at once, bounding the temporaries to a few hundred MiB."""
 
 
 def _decay_below_half(instance: AdamWStep, attribute: attrs.Attribute, value: float) -> None:
@@ -100,33 +116,78 @@ def invert_adamw(name: str, master: torch.Tensor, exp_avg: torch.Tensor,
         StepGapError: more than one step since the reference.
     """
     if hyper.step == previous_step:
-        return ChangeSet.empty(master)
+        return _empty(master, dtype)
     if hyper.step != previous_step + 1:
         raise StepGapError(name, previous=previous_step, current=hyper.step)
     flat = [t.detach().reshape(-1) for t in (master, exp_avg, exp_avg_sq)]
     parts = [_invert_chunk(*(t[s:s + CHUNK] for t in flat), hyper, dtype, guard_ulps)
              for s in range(0, master.numel(), CHUNK)]
     if not parts:
-        return ChangeSet.empty(master)
+        return _empty(master, dtype)
     offsets = range(0, master.numel(), CHUNK)
     indices = torch.cat([p[0] + o for p, o in zip(parts, offsets)])
     return ChangeSet(indices.to(index_dtype(master.numel())), torch.cat([p[1] for p in parts]),
                      torch.cat([p[2] for p in parts]))
 
 
-def _invert_chunk(p: torch.Tensor, m: torch.Tensor, v: torch.Tensor, h: AdamWStep,
-                  dtype: torch.dtype, guard_ulps: float):
+def bias_correction_error(h: AdamWStep) -> float:
+    """``kappa``: bound on the relative error of ``u`` from how ``1 - beta**t`` was computed."""
+    if not h.bias_correction:
+        return 0.0
+
+    def rho(beta: float) -> float:
+        power = beta**h.step
+        return (h.step + 2) * UNIT_ROUNDOFF * power / (1 - power) if power else 0.0
+
+    return rho(h.beta1) + rho(h.beta2) / 2
+
+
+def estimate_previous(p: torch.Tensor, m: torch.Tensor, v: torch.Tensor, h: AdamWStep
+                      ) -> tuple[torch.Tensor, torch.Tensor, float]:
+    """The pre-step master estimate ``e``, the update ``u`` and the decay factor ``c``."""
     bc1 = 1 - h.beta1**h.step if h.bias_correction else 1.0
     bc2 = 1 - h.beta2**h.step if h.bias_correction else 1.0
     c = float(torch.tensor(1 - h.lr * h.weight_decay, dtype=torch.float32))
     u = m / (v.sqrt() / math.sqrt(bc2) + h.eps) * (h.lr / bc1)
-    estimate = (p + u) / c
+    return (p + u) / c, u, c
+
+
+def guard_band(p: torch.Tensor, u: torch.Tensor, v: torch.Tensor, c: float, h: AdamWStep,
+               *, guard_ulps: float = GUARD_ULPS) -> torch.Tensor:
+    """``g``: the half-width around ``e`` that holds ``p0`` (see the module docstring)."""
     guard = (p.abs() + u.abs()) * (guard_ulps * UNIT_ROUNDOFF / c)
+    guard += u.abs() * (guard_ulps / GUARD_ULPS * 2 * bias_correction_error(h) / c)
     guard += guard_ulps * SUBNORMAL_ROUNDING / c
+    return guard + _underflow_guard(v, h, guard_ulps / c)
+
+
+def _underflow_guard(v: torch.Tensor, h: AdamWStep, scale: float) -> torch.Tensor:
+    """``scale * mu``: an underflow inside the forward's update, amplified by its divisions.
+
+    eta = 2**-150 is below fp32's range, so it is applied as two factors of 2**-75.
+    """
+    bc1 = 1 - h.beta1**h.step if h.bias_correction else 1.0
+    bc2 = 1 - h.beta2**h.step if h.bias_correction else 1.0
+    denominator = v.sqrt() / math.sqrt(bc2) + h.eps
+    return denominator.reciprocal() * (scale / bc1 * _HALF_ETA) * _HALF_ETA
+
+
+def _empty(master: torch.Tensor, dtype: torch.dtype) -> ChangeSet:
+    """No change, with bounds in the payload dtype like every other result."""
+    none = torch.empty(0, dtype=dtype, device=master.device)
+    return ChangeSet(torch.empty(0, dtype=index_dtype(master.numel()), device=master.device),
+                     none, none)
+
+
+def _invert_chunk(p: torch.Tensor, m: torch.Tensor, v: torch.Tensor, h: AdamWStep,
+                  dtype: torch.dtype, guard_ulps: float):
+    estimate, u, c = estimate_previous(p, m, v, h)
+    guard = guard_band(p, u, v, c, h, guard_ulps=guard_ulps)
     low, high = _zero_outward((estimate - guard).to(dtype), (estimate + guard).to(dtype))
     new = int_bits(p.to(dtype))
     same = (int_bits(low) == new) & (int_bits(high) == new)
-    exact = (m == 0) & ((p == 0) if c != 1.0 else torch.ones_like(p, dtype=torch.bool))
+    still = (p != 0) & (c == 1.0) | (p == 0) & torch.signbit(p)
+    exact = (m == 0) & still
     finite = torch.isfinite(p) & torch.isfinite(u)
     changed = ~((same | exact) & finite)
     indices = torch.nonzero(changed).view(-1)
