@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import socket
 
 import attrs
 import torch
@@ -28,6 +29,12 @@ from dte_transport.two_round import exchange
 LR, WD = 1e-3, 0.01
 
 
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
 @attrs.frozen
 class Case:
     config: ModelConfig
@@ -39,7 +46,7 @@ class Case:
     coalesce: bool = True
     """False: the per-op point-to-point variant (``DTE_DELTA_P2P_COALESCE=0``)."""
     fault: str | None = None
-    """None; "kill_rollout": the first rollout rank dies before version 3; "corrupt": a
+    """None; "kill_rollout": the first rollout rank dies in version 3's exchange; "corrupt": a
     byte of one payload flips in flight at version 5; "wrong_base": the first rollout rank
     holds version 3 when version 4 comes; "restart": it restarts empty before version 5."""
 
@@ -113,8 +120,6 @@ def run(rank: int, case: Case, port: int, out_dir: str, rejoin_port: int | None 
         canonical = {n: p.detach() for n, p in zip(reference, reference_params)}
         outcome = role.version(version, canonical)
         log.append(f"{rank} v{version} {outcome}")
-        if outcome == "died":
-            os._exit(0)
         if "Error" in outcome and rejoin_port is not None:
             dist.destroy_process_group()
             _join(rank, case, rejoin_port)
@@ -130,7 +135,11 @@ REJOIN_VERSION = 4
 
 def _join(rank: int, case: Case, port: int) -> None:
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=case.world, timeout=datetime.timedelta(seconds=20))
+                            world_size=case.world, timeout=datetime.timedelta(seconds=60))
+
+
+def _die(outgoing, **kwargs):
+    os._exit(0)
 
 
 def _corrupting(outgoing, **kwargs):
@@ -183,7 +192,7 @@ class _Rollout:
     def version(self, version, canonical) -> str:
         fault = self.case.fault
         if fault == "kill_rollout" and version == 3 and self.shard.rank == self.case.trainers:
-            return "died"
+            group_module.exchange = _die  # after the agreement, inside round 1
         first = self.shard.rank == self.case.trainers
         if first and (fault, version) in (("wrong_base", 4), ("restart", 5)):
             if fault == "restart":

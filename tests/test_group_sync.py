@@ -4,7 +4,6 @@ send to SGLang-layout rollout ranks, every version bitwise equal to a full sync.
 from __future__ import annotations
 
 import multiprocessing
-import socket
 import time
 
 import pytest
@@ -12,7 +11,7 @@ from areal_dte import Method
 from dte_codec.layouts import ModelConfig
 from dte_codec.megatron_layout import MegatronLayout
 from dte_codec.sglang_layout import SGLangLayout
-from group_worker import Case, run
+from group_worker import Case, free_port, run
 
 pytestmark = pytest.mark.distributed
 
@@ -21,12 +20,6 @@ DENSE = ModelConfig(vocab=64, hidden=16, layers=2, heads=4, kv_heads=2, head_dim
 MOE = ModelConfig(vocab=64, hidden=16, layers=2, heads=4, kv_heads=2, head_dim=4,
                   num_experts=4, moe_intermediate=8)
 JOIN_SECONDS = 240
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def launch(case: Case, tmp_path, *, replace_rank: int | None = None) -> dict[str, list[str]]:
@@ -104,7 +97,7 @@ def test_faults_fall_back_to_a_full_sync(fault, tmp_path):
 
 
 def test_dead_peer_raises_typed_errors_then_rejoin_syncs_full(tmp_path):
-    """A rollout rank dies before version 3: the trainers raise SyncError and the other
+    """A rollout rank dies inside version 3's exchange: the trainers raise SyncError and the other
     rollout rank LinkError within the group's timeout, its weights unchanged. The
     survivors re-form the group with a replacement that starts empty: version 4 goes in
     full, version 5 and 6 as deltas, all bitwise equal."""
