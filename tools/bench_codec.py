@@ -46,15 +46,14 @@ import datetime
 import logging
 import math
 import os
-import platform
 import statistics
-import subprocess
 import sys
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping
 
 import torch
+from provenance import git_sha, machine
 import zstandard
 from areal_dte import Method, TorchActor
 from dte_codec import Header, apply_, decode, encode_delta, encode_full
@@ -429,37 +428,12 @@ def _print_summary(rows: list[dict], means: Mapping[str, float], timing: dict) -
         print(f"  {what} / dense: {timing[what][0] / timing[what + ' dense'][0]:.2f}x")
 
 
-def _git_sha() -> str:
-    def git(*args: str) -> str | None:
-        try:
-            done = subprocess.run(["git", *args], capture_output=True, text=True, check=False,
-                                  cwd=os.path.dirname(os.path.abspath(__file__)))
-        except OSError:
-            return None
-        return done.stdout.strip() if done.returncode == 0 else None
-    sha = git("rev-parse", "--short", "HEAD")
-    if sha is None:
-        return "unknown (no git checkout)"
-    return sha + ("-dirty" if git("status", "--porcelain") else "")
-
-
-def _machine(device: str) -> str:
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
-    where = torch.cuda.get_device_name() if device.startswith("cuda") else "CPU"
-    return f"{where}; {cpu}, {os.cpu_count()} cores; torch {torch.__version__}"
-
-
 def markdown_row(rows, means, timing, numel, a, runtime: str) -> tuple[str, str]:
     chg = [100 * r["changed"] / numel for r in rows]
     cmd = "uv run python tools/bench_codec.py" + "".join(f" {x}" for x in sys.argv[1:])
     ms = {k: v[0] for k, v in timing.items()}
     ratio = {k: ms[k] / ms[k + " dense"] for k in ("encode", "decode+apply")}
-    cells = [datetime.date.today().isoformat(), f"`{_git_sha()}`", _machine(a.device),
+    cells = [datetime.date.today().isoformat(), f"`{git_sha()}`", machine(a.device),
              f"`{cmd}`", (f"{numel / 1e6:.1f}M params, {a.steps} deltas after "
                           f"{a.warmup_steps} warm-up steps, {min(chg):.1f}-{max(chg):.1f} % changed"),
              *(f"{means[c]:.2f}" for c in COLUMNS),

@@ -37,15 +37,13 @@ from __future__ import annotations
 import argparse
 import datetime
 import math
-import os
-import platform
 import statistics
-import subprocess
 import sys
 import time
 from collections.abc import Callable
 
 import torch
+from provenance import git_sha, machine
 
 from dte_detector import CastDetector, diff, invert_adamw, torch_adamw_states
 
@@ -207,26 +205,6 @@ def _print_steps(rows: list[dict], numel: int, lr: float, wd: float) -> None:
               f"{cast:>7.2f}")
 
 
-def _git_sha() -> str:
-    def git(*args: str) -> str:
-        return subprocess.run(["git", *args], capture_output=True, text=True,
-                              cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip()
-    sha = git("rev-parse", "--short", "HEAD") or "unknown"
-    return sha + ("-dirty" if git("status", "--porcelain") else "")
-
-
-def _machine(device: str) -> str:
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
-    where = torch.cuda.get_device_name(torch.device(device)) if device.startswith("cuda") else "CPU"
-    return (f"{where}; {cpu}, {os.cpu_count()} cores, {torch.get_num_threads()} threads, "
-            f"torch {torch.__version__}")
-
-
 HEADER = ["date", "sha", "machine", "command", "setting", "changed %", "adamw missed",
           "adamw over-reported % (mean / max)", "unguarded missed", "cast missed+extra",
           "snapshot diff ms", "adamw / diff (median, p90)", "cast / diff (median, p90)"]
@@ -239,7 +217,7 @@ def markdown_row(rows: list[dict], numel: int, lr: float, wd: float,
     adamw, cast = _ratios(rows, "t_adamw"), _ratios(rows, "t_cast")
     diff_ms = statistics.median(1e3 * statistics.median(r["t_snapshot"]) for r in rows)
     cmd = "uv run python tools/bench_detectors.py" + "".join(f" {x}" for x in sys.argv[1:])
-    cells = [datetime.date.today().isoformat(), f"`{a.sha or _git_sha()}`", _machine(a.device),
+    cells = [datetime.date.today().isoformat(), f"`{a.sha or git_sha()}`", machine(a.device),
              f"`{cmd}`",
              f"lr {lr:g}, wd {wd:g}, {a.adamw_impl}, {a.masters} masters; "
              f"{numel / 1e6:.1f}M x {a.steps} steps",
