@@ -1,0 +1,30 @@
+"""The benchmark scripts run end to end (``--quick``), so they cannot rot unnoticed."""
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run_tool(*args: str) -> list[str]:
+    done = subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=600, check=True)
+    return done.stdout.strip().splitlines()
+
+
+def test_bench_codec_quick_meets_the_byte_target():
+    """The last line reports bytes per changed element against the 6.0 baseline, <= 2.5."""
+    last = run_tool("tools/bench_codec.py", "--quick")[-1]
+    match = re.fullmatch(r"bytes_per_changed=(\d+\.\d+) baseline=6\.0", last)
+    assert match is not None, last
+    assert float(match.group(1)) <= 2.5
+
+
+def test_bench_detectors_quick_misses_nothing():
+    """Every row reports 0 missed elements for the guarded inversion."""
+    rows = [line for line in run_tool("tools/bench_detectors.py", "--quick")
+            if line.startswith("| 20")]
+    assert 2 == len(rows)
+    assert all("0" == row.split("|")[7].strip() for row in rows)
