@@ -1,0 +1,170 @@
+"""The embedded job: an actor process and a rollout process, driven step by step.
+
+Per step: the rollout samples a batch of groups with the weights it holds (version v) and
+scores them; the actor takes exactly one GRPO/AdamW step on it and syncs version v + 1
+through the staged-file store; the rollout applies it and, with weight digests on, sends
+its digests, which the actor compares with its own bf16 copy. Version 1 is the first,
+full sync of the initial weights.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing as mp
+import queue
+import shutil
+import tempfile
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import attrs
+from tqdm import tqdm
+
+from . import metrics, table
+from .actor import ActorWorker
+from .data import Problem
+from .experiment import Profile
+from .rewards import SHAPED_MAX
+from .rollout import RolloutWorker
+from .spec import JobSpec, job_spec
+from .worker import CLOSE, ERROR, serve
+
+log = logging.getLogger(__name__)
+
+START_TIMEOUT_S = 300.0
+CALL_TIMEOUT_S = 600.0
+POLL_S = 1.0
+STORE = "store"
+
+
+class WorkerError(RuntimeError):
+    """A worker process raised or died; carries its traceback."""
+
+
+@attrs.define
+class _Worker:
+    name: str
+    process: Any
+    inbox: Any
+    outbox: Any
+
+    def call(self, method: str, timeout: float = CALL_TIMEOUT_S, **kwargs: Any) -> Any:
+        self.inbox.put((method, kwargs))
+        return self.answer(timeout)
+
+    def answer(self, timeout: float) -> Any:
+        waited = 0.0
+        while True:
+            try:
+                status, value = self.outbox.get(timeout=POLL_S)
+            except queue.Empty:
+                waited += POLL_S
+                if not self.process.is_alive():
+                    raise WorkerError(f"{self.name} process died "
+                                      f"(exit code {self.process.exitcode})") from None
+                if waited >= timeout:
+                    raise WorkerError(f"{self.name}: no answer in {timeout:.0f} s") from None
+                continue
+            if status == ERROR:
+                raise WorkerError(f"{self.name} process failed:\n{value}")
+            return value
+
+
+def _start(context: Any, name: str, handler: type, spec: Any) -> _Worker:
+    inbox, outbox = context.Queue(), context.Queue()
+    process = context.Process(target=serve, args=(handler, spec, inbox, outbox), name=name,
+                              daemon=True)
+    process.start()
+    return _Worker(name, process, inbox, outbox)
+
+
+def run(profile: Profile, problems: Sequence[Problem], *, steps: int, out: Path | None,
+        model: str | None, say: Callable[[str], None] = tqdm.write,
+        progress: bool = True) -> list[dict[str, Any]]:
+    """Run `steps` GRPO steps (``steps + 1`` syncs) and return one metrics record per sync.
+
+    Writes ``metrics.jsonl`` and ``sync.png`` into `out` when given; the store lives in
+    ``out/store`` then, else in a temporary directory removed afterwards.
+    """
+    scratch = None if out is not None else Path(tempfile.mkdtemp(prefix="gsm8k-dte-"))
+    store = (out if out is not None else scratch) / STORE
+    if out is not None and store.exists():
+        shutil.rmtree(store)  # a new stream: the old store's versions mean nothing to it
+    spec = job_spec(profile, store=store, model=model)
+    context = mp.get_context("spawn")
+    workers = [_start(context, "actor", ActorWorker, spec),
+               _start(context, "rollout", RolloutWorker, spec)]
+    try:
+        for worker in workers:
+            worker.answer(START_TIMEOUT_S)
+        records = _loop(profile, spec, problems, workers, steps=steps, say=say,
+                        progress=progress)
+        for worker in workers:
+            worker.call(CLOSE)
+    except BaseException:
+        for worker in workers:  # a failed step: nothing more will be asked of them
+            worker.process.terminate()
+        raise
+    finally:
+        for worker in workers:
+            worker.process.join(timeout=10)
+            if worker.process.is_alive():
+                worker.process.terminate()
+        if scratch is not None:
+            shutil.rmtree(scratch, ignore_errors=True)
+    if out is not None:
+        metrics.write_jsonl(records, out)
+        metrics.plot(records, out)
+    return records
+
+
+def _loop(profile: Profile, spec: JobSpec, problems: Sequence[Problem], workers: list[_Worker],
+          *, steps: int, say: Callable[[str], None], progress: bool) -> list[dict[str, Any]]:
+    actor, rollout = workers
+    batch_size = spec.sampling.prompts_per_step
+    described = actor.call("describe")
+    say(f"policy: {described['params']:,} parameters, {described['dense_bytes']:,} B in bf16")
+    method = profile.run.delta.weight_update_delta_method.value
+    records: list[dict[str, Any]] = []
+    announced = False
+    bar = tqdm(total=steps + 1, desc="syncs", unit="sync", disable=not progress, leave=False)
+    say(table.header())
+    train = None
+    for step in range(steps + 1):
+        if step:
+            chosen = [problems[((step - 1) * batch_size + i) % len(problems)]
+                      for i in range(batch_size)]
+            batch = rollout.call("generate", prompts=[p.prompt() for p in chosen],
+                                 answers=[str(p.answer) for p in chosen],
+                                 seed=spec.seed * 100_003 + step)
+            if spec.shaped_reward and not announced and batch["rewards"] != batch["exact"]:
+                say(f"note: no exact answers in some groups; the embedded profile adds the "
+                    f"shaped reward there (ASCII share, digit share, numeric closeness; "
+                    f"<= {SHAPED_MAX}; "
+                    f"see rewards.py). Switch off: embedded.shaped_reward=false")
+                announced = True
+            stats = actor.call("train", sequences=batch["sequences"],
+                               attention=batch["attention"], prompt_len=batch["prompt_len"],
+                               rewards=batch["rewards"])
+            train = {**stats, "rewards": batch["rewards"], "exact": batch["exact"]}
+        records.append(_sync(actor, rollout, version=step + 1, step=step, method=method,
+                             digests=profile.run.delta.weight_update_delta_diagnostics
+                             .weight_digests, train=train))
+        say(table.row(records[-1]))
+        bar.update(1)
+    bar.close()
+    return records
+
+
+def _sync(actor: _Worker, rollout: _Worker, *, version: int, step: int, method: str,
+          digests: bool, train: dict[str, Any] | None) -> dict[str, Any]:
+    report = actor.call("sync", version=version)
+    applied = rollout.call("sync", version=version)
+    verified = None
+    if digests:
+        verified = actor.call("verify", version=version, rollout_digests=applied["digests"])
+    log.info("v%d %s %d B verified=%s", version, report["kind"], report["payload_bytes"],
+             verified)
+    return metrics.record(report, applied, method=method, verified=verified, step=step,
+                          train=train)
