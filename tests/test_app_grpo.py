@@ -2,17 +2,14 @@
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "apps"))
 
-from dte_config import ConfigValidationError  # noqa: E402
-from gsm8k_separation.experiment import load_profile  # noqa: E402
-from gsm8k_separation.grpo import clipped_policy_loss, group_advantages  # noqa: E402
+from dte_config import ConfigValidationError
+from gsm8k_separation.experiment import load_profile
+from gsm8k_separation.grpo import clipped_policy_loss, group_advantages
 
 
 def test_group_advantages_normalise_each_group():

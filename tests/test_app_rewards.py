@@ -2,16 +2,13 @@
 
 from __future__ import annotations
 
-import sys
 from decimal import Decimal
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "apps"))
 
-from gsm8k_separation.data import Problem, from_record, generate  # noqa: E402
-from gsm8k_separation.rewards import (  # noqa: E402
+from gsm8k_separation.data import Problem, from_record, generate
+from gsm8k_separation.rewards import (
     EXACT,
     SHAPED_MAX,
     exact_reward,

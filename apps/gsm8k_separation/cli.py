@@ -3,6 +3,7 @@
     uv run apps/gsm8k_separation                       # defaults: configs/local.yaml, offline
     uv run apps/gsm8k_separation --out runs/a --steps 10 actor.optimizer.lr=3e-5
     uv run apps/gsm8k_separation --data ../shared/data/gsm8k/train.jsonl --model /path/qwen3
+    uv run apps/gsm8k_separation --config apps/gsm8k_separation/configs/gsm8k_grpo_qwen3_30b_a3b.yaml --dry-run
 
 Positional ``dotted.key=value`` items override the profile; AReaL and delta keys are
 checked by dte-config, ``embedded.*`` keys by the app (see experiment.py).
@@ -17,6 +18,7 @@ import time
 from pathlib import Path
 
 from dte_config import ConfigError
+from omegaconf import OmegaConf
 from tqdm import tqdm
 
 from . import job
@@ -32,8 +34,10 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="gsm8k_separation", description=__doc__.splitlines()[0])
     p.add_argument("overrides", nargs="*", metavar="key=value",
                    help="dotted overrides of the profile, e.g. actor.optimizer.lr=3e-5")
-    p.add_argument("--profile", type=Path, default=DEFAULT_PROFILE,
-                   help="embedded profile YAML (default: %(default)s)")
+    p.add_argument("--config", type=Path, default=DEFAULT_PROFILE,
+                   help="experiment YAML (default: the embedded profile %(default)s)")
+    p.add_argument("--dry-run", action="store_true",
+                   help="validate the config, print it resolved and exit")
     p.add_argument("--out", type=Path, help="write metrics.jsonl, sync.png and the store here")
     p.add_argument("--data", help="GSM8K jsonl file (question/answer records); default: "
                                   "openai/gsm8k when datasets is installed and the hub "
@@ -53,9 +57,17 @@ def main(argv: list[str] | None = None) -> int:
                         format="%(levelname)s %(name)s: %(message)s")
     started = time.perf_counter()
     try:
-        profile = load_profile(args.profile, args.overrides)
+        profile = load_profile(args.config, args.overrides)
     except ConfigError as exc:
         print(f"config error: {exc}", file=sys.stderr)  # noqa: T201 - the CLI's answer
+        return 2
+    if args.dry_run:
+        print(OmegaConf.to_yaml(profile.tree, resolve=True), end="")  # noqa: T201
+        return 0
+    if not profile.standins:
+        print("config error: this config names a Megatron actor and an SGLang rollout; the "
+              "AReaL cluster mode that runs them is not built yet (--dry-run validates it)",
+              file=sys.stderr)  # noqa: T201
         return 2
     say = tqdm.write
     if profile.standins:

@@ -1,0 +1,30 @@
+"""The app's command line: the seed's cluster config validates in a dry run, and a
+configuration the delta path cannot honour stops the job at startup."""
+
+from pathlib import Path
+
+from gsm8k_separation.cli import main
+
+CLUSTER = Path(__file__).resolve().parents[1] / "apps/gsm8k_separation/configs/gsm8k_grpo_qwen3_30b_a3b.yaml"
+
+
+def test_cluster_config_dry_run_prints_the_resolved_config(capsys):
+    """--dry-run validates the seed's Qwen3-30B-A3B config, prints it resolved, exits 0."""
+    assert 0 == main(["--config", str(CLUSTER), "--dry-run"])
+    out = capsys.readouterr().out
+    assert "backend: megatron:(attn:d2p1t4|ffn:d1p1e8)" in out
+    assert "weight_update_anchor_interval: 20" in out
+
+
+def test_adamw_with_two_minibatches_is_rejected_at_startup(capsys):
+    """actor.ppo_n_minibatches=2 with the adamw method exits 2 naming the key and the fix."""
+    assert 2 == main(["--config", str(CLUSTER), "--dry-run", "actor.ppo_n_minibatches=2"])
+    err = capsys.readouterr().err
+    assert err.startswith("config error: actor.ppo_n_minibatches=2: ")
+    assert "fix: set actor.ppo_n_minibatches=1" in err
+
+
+def test_cluster_config_does_not_run_as_the_embedded_job(capsys):
+    """Without --dry-run a Megatron/SGLang config is refused: cluster mode is not built."""
+    assert 2 == main(["--config", str(CLUSTER)])
+    assert "cluster mode that runs them is not built yet" in capsys.readouterr().err
