@@ -15,7 +15,6 @@ import random
 import socket
 from collections.abc import Callable
 from decimal import Decimal
-from pathlib import Path
 
 import attrs
 

@@ -119,7 +119,6 @@ def run_setting(numel, lr, wd, impl, dtype, args, gen) -> dict:
         if step > 1:
             for name, t in (("snapshot", t_ref), ("adamw", t_inv), ("cast", t_cast)):
                 times[name].append(t)
-        del ref, inv, cast, got, want, old, new, before
     row["elements"] = numel * args.steps
     row["ms"] = {k: sorted(v)[len(v) // 2] for k, v in times.items() if v}
     return row
