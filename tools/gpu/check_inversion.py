@@ -75,17 +75,17 @@ def error_in_ulps(row: dict, before: torch.Tensor, after: torch.Tensor, state) -
     for start in range(0, before.numel(), 1 << 26):
         part = slice(start, start + (1 << 26))
         p, p0 = after[part], before[part]
-        estimate, u, c = estimate_previous(p, state.exp_avg[part], state.exp_avg_sq[part],
-                                           state.hyper)
-        scale = guard_band(p, u, state.exp_avg_sq[part], c, state.hyper)
-        ratio = ((p0.double() - estimate.double()).abs() / scale.double())
+        estimate = estimate_previous(p, state.exp_avg[part], state.exp_avg_sq[part],
+                                     state.hyper)
+        scale = guard_band(p, estimate, state.hyper)
+        ratio = ((p0.double() - estimate.previous.double()).abs() / scale.double())
         ratio = torch.where(torch.isfinite(ratio), ratio, torch.zeros_like(ratio))
         top = int(ratio.argmax())
         if float(ratio[top]) > worst:
             worst = float(ratio[top])
-            where = {"p0": float(p0[top]), "p": float(p[top]), "u": float(u[top]),
+            where = {"p0": float(p0[top]), "p": float(p[top]), "u": float(estimate.update[top]),
                      "m": float(state.exp_avg[part][top]),
-                     "v": float(state.exp_avg_sq[part][top]), "e": float(estimate[top])}
+                     "v": float(state.exp_avg_sq[part][top]), "e": float(estimate.previous[top])}
     if worst > row.get("worst_fraction", -1.0):
         row["worst_fraction"], row["worst_at"] = worst, where
 

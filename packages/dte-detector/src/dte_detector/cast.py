@@ -17,18 +17,17 @@ import torch
 
 from .changes import ChangeSet, index_dtype, int_bits
 
-_BYTE_WEIGHTS = 1 << torch.arange(8)
-
-
 def _pack(mask: torch.Tensor) -> torch.Tensor:
-    padded = torch.zeros(-(-mask.numel() // 8) * 8, dtype=torch.int64, device=mask.device)
+    """A flat bool tensor as bits, LSB first (uint8 arithmetic: 1 byte of scratch per bit)."""
+    padded = torch.zeros(-(-mask.numel() // 8) * 8, dtype=torch.uint8, device=mask.device)
     padded[: mask.numel()] = mask
-    return (padded.view(-1, 8) * _BYTE_WEIGHTS.to(mask.device)).sum(1).to(torch.uint8)
+    weights = 1 << torch.arange(8, device=mask.device, dtype=torch.uint8)
+    return (padded.view(-1, 8) * weights).sum(1, dtype=torch.uint8)
 
 
 def _unpack(packed: torch.Tensor, count: int) -> torch.Tensor:
-    shifts = torch.arange(8, device=packed.device)
-    return ((packed.to(torch.int64).unsqueeze(1) >> shifts) & 1).view(-1)[:count].bool()
+    shifts = torch.arange(8, device=packed.device, dtype=torch.uint8)
+    return ((packed.unsqueeze(1) >> shifts) & 1).view(-1)[:count].bool()
 
 
 class CastDetector:

@@ -29,9 +29,9 @@ class ChangeSet:
         return cls(indices, base, base)
 
     @classmethod
-    def empty(cls, like: torch.Tensor) -> ChangeSet:
-        """No change in ``like``."""
-        none = torch.empty(0, dtype=like.dtype, device=like.device)
+    def empty(cls, like: torch.Tensor, *, dtype: torch.dtype | None = None) -> ChangeSet:
+        """No change in ``like``; bounds in ``dtype`` (the payload's, default ``like``'s)."""
+        none = torch.empty(0, dtype=dtype or like.dtype, device=like.device)
         return cls(torch.empty(0, dtype=index_dtype(like.numel()), device=like.device), none,
                    none)
 

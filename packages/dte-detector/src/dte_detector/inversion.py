@@ -116,14 +116,14 @@ def invert_adamw(name: str, master: torch.Tensor, exp_avg: torch.Tensor,
         StepGapError: more than one step since the reference.
     """
     if hyper.step == previous_step:
-        return _empty(master, dtype)
+        return ChangeSet.empty(master, dtype=dtype)
     if hyper.step != previous_step + 1:
         raise StepGapError(name, previous=previous_step, current=hyper.step)
     flat = [t.detach().reshape(-1) for t in (master, exp_avg, exp_avg_sq)]
     parts = [_invert_chunk(*(t[s:s + CHUNK] for t in flat), hyper, dtype, guard_ulps)
              for s in range(0, master.numel(), CHUNK)]
     if not parts:
-        return _empty(master, dtype)
+        return ChangeSet.empty(master, dtype=dtype)
     offsets = range(0, master.numel(), CHUNK)
     indices = torch.cat([p[0] + o for p, o in zip(parts, offsets)])
     return ChangeSet(indices.to(index_dtype(master.numel())), torch.cat([p[1] for p in parts]),
@@ -142,48 +142,57 @@ def bias_correction_error(h: AdamWStep) -> float:
     return rho(h.beta1) + rho(h.beta2) / 2
 
 
+def _corrections(h: AdamWStep) -> tuple[float, float]:
+    """``bc1`` and ``bc2``, the bias corrections of the step (1 when switched off)."""
+    if not h.bias_correction:
+        return 1.0, 1.0
+    return 1 - h.beta1**h.step, 1 - h.beta2**h.step
+
+
+@attrs.frozen
+class Estimate:
+    """The pre-step master ``previous`` (``e``), the update ``u``, the decay factor ``c``
+    and the update's denominator ``d = sqrt(v) / sqrt(bc2) + eps``."""
+
+    previous: torch.Tensor
+    update: torch.Tensor
+    decay: float
+    denominator: torch.Tensor
+
+
 def estimate_previous(p: torch.Tensor, m: torch.Tensor, v: torch.Tensor, h: AdamWStep
-                      ) -> tuple[torch.Tensor, torch.Tensor, float]:
-    """The pre-step master estimate ``e``, the update ``u`` and the decay factor ``c``."""
-    bc1 = 1 - h.beta1**h.step if h.bias_correction else 1.0
-    bc2 = 1 - h.beta2**h.step if h.bias_correction else 1.0
+                      ) -> Estimate:
+    """Recompute the step's update from its post-step state and undo it."""
+    bc1, bc2 = _corrections(h)
     c = float(torch.tensor(1 - h.lr * h.weight_decay, dtype=torch.float32))
-    u = m / (v.sqrt() / math.sqrt(bc2) + h.eps) * (h.lr / bc1)
-    return (p + u) / c, u, c
+    d = v.sqrt() / math.sqrt(bc2) + h.eps
+    u = m / d * (h.lr / bc1)
+    return Estimate((p + u) / c, u, c, d)
 
 
-def guard_band(p: torch.Tensor, u: torch.Tensor, v: torch.Tensor, c: float, h: AdamWStep,
-               *, guard_ulps: float = GUARD_ULPS) -> torch.Tensor:
-    """``g``: the half-width around ``e`` that holds ``p0`` (see the module docstring)."""
-    guard = (p.abs() + u.abs()) * (guard_ulps * UNIT_ROUNDOFF / c)
-    guard += u.abs() * (guard_ulps / GUARD_ULPS * 2 * bias_correction_error(h) / c)
-    guard += guard_ulps * SUBNORMAL_ROUNDING / c
-    return guard + _underflow_guard(v, h, guard_ulps / c)
+def guard_band(p: torch.Tensor, estimate: Estimate, h: AdamWStep, *,
+               guard_ulps: float = GUARD_ULPS) -> torch.Tensor:
+    """``g``: the half-width around ``e`` that holds ``p0`` (see the module docstring).
 
-
-def _underflow_guard(v: torch.Tensor, h: AdamWStep, scale: float) -> torch.Tensor:
-    """``scale * mu``: an underflow inside the forward's update, amplified by its divisions.
-
-    eta = 2**-150 is below fp32's range, so it is applied as two factors of 2**-75.
+    The last term is ``mu``, an underflow inside the forward's update amplified by its
+    divisions; eta = 2**-150 is below fp32's range, so it is applied as two 2**-75.
     """
-    bc1 = 1 - h.beta1**h.step if h.bias_correction else 1.0
-    bc2 = 1 - h.beta2**h.step if h.bias_correction else 1.0
-    denominator = v.sqrt() / math.sqrt(bc2) + h.eps
-    return denominator.reciprocal() * (scale / bc1 * _HALF_ETA) * _HALF_ETA
-
-
-def _empty(master: torch.Tensor, dtype: torch.dtype) -> ChangeSet:
-    """No change, with bounds in the payload dtype like every other result."""
-    none = torch.empty(0, dtype=dtype, device=master.device)
-    return ChangeSet(torch.empty(0, dtype=index_dtype(master.numel()), device=master.device),
-                     none, none)
+    u, c = estimate.update.abs(), estimate.decay
+    guard = (p.abs() + u) * (guard_ulps * UNIT_ROUNDOFF / c)
+    guard += u * (guard_ulps / GUARD_ULPS * 2 * bias_correction_error(h) / c)
+    guard += guard_ulps * SUBNORMAL_ROUNDING / c
+    bc1, _ = _corrections(h)
+    mu = estimate.denominator.reciprocal() * (guard_ulps / c / bc1 * _HALF_ETA) * _HALF_ETA
+    return guard + mu
 
 
 def _invert_chunk(p: torch.Tensor, m: torch.Tensor, v: torch.Tensor, h: AdamWStep,
                   dtype: torch.dtype, guard_ulps: float):
-    estimate, u, c = estimate_previous(p, m, v, h)
-    guard = guard_band(p, u, v, c, h, guard_ulps=guard_ulps)
-    low, high = _zero_outward((estimate - guard).to(dtype), (estimate + guard).to(dtype))
+    estimate = estimate_previous(p, m, v, h)
+    u, c = estimate.update, estimate.decay
+    guard = guard_band(p, estimate, h, guard_ulps=guard_ulps)
+    low, high = _zero_outward((estimate.previous - guard).to(dtype),
+                              (estimate.previous + guard).to(dtype))
     new = int_bits(p.to(dtype))
     same = (int_bits(low) == new) & (int_bits(high) == new)
     still = (p != 0) & (c == 1.0) | (p == 0) & torch.signbit(p)
@@ -193,8 +202,8 @@ def _invert_chunk(p: torch.Tensor, m: torch.Tensor, v: torch.Tensor, h: AdamWSte
     indices = torch.nonzero(changed).view(-1)
     finite = finite[indices]
     unknown = unknown_bounds(dtype, indices.numel(), p.device)
-    low, high = (torch.where(finite, int_bits(b[indices]), int_bits(u)).view(dtype)
-                 for b, u in zip((low, high), unknown))
+    low, high = (torch.where(finite, int_bits(b[indices]), int_bits(any_)).view(dtype)
+                 for b, any_ in zip((low, high), unknown))
     return indices, low, high
 
 
