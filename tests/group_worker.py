@@ -126,7 +126,15 @@ def run(rank: int, case: Case, port: int, out_dir: str, rejoin_port: int | None 
     suffix = "-replacement" if replacement else ""
     with open(os.path.join(out_dir, f"rank{rank}{suffix}.log"), "w") as fh:
         fh.write("\n".join(log))
+    _leave()
+
+
+def _leave() -> None:
+    """End the rank once every rank is done: gloo's teardown can abort a process whose
+    peers are still closing their connections, so wait for all, then skip it."""
+    dist.barrier()
     dist.destroy_process_group()
+    os._exit(0)
 
 
 REJOIN_VERSION = 4

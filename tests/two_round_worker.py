@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+import os
 import random
 
 import torch.distributed as dist
@@ -22,4 +23,8 @@ def rank_main(rank: int, world: int, port: int, seed: int, coalesce: bool, queue
     received = exchange({d: b for d, b in outgoing.items() if b}, coalesce=coalesce, max_ops=2)
     expected = {src: payload(src, rank, seed) for src in range(world) if src != rank}
     queue.put((rank, {s: b for s, b in expected.items() if b} == received))
+    queue.close()
+    queue.join_thread()  # the result is in the pipe before the process ends without teardown
+    dist.barrier()
     dist.destroy_process_group()
+    os._exit(0)
