@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import datetime
 import os
-import socket
+import uuid
 
 import attrs
 import torch
@@ -29,10 +29,10 @@ from dte_transport.two_round import exchange
 LR, WD = 1e-3, 0.01
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+def rendezvous(folder) -> str:
+    """A fresh file for ``init_process_group``: no port to pick, so no port to lose to
+    another test between picking and binding it."""
+    return f"file://{folder}/rendezvous-{uuid.uuid4().hex}"
 
 
 @attrs.frozen
@@ -94,11 +94,11 @@ def expected_rollout(shard, canonical_master):
     return {n: t.to(dtype_of.get(n, torch.bfloat16)) for n, t in local.items()}
 
 
-def run(rank: int, case: Case, port: int, out_dir: str, rejoin_port: int | None = None,
+def run(rank: int, case: Case, store: str, out_dir: str, rejoin: str | None = None,
         replacement: bool = False) -> None:
-    """One rank's whole life; with ``rejoin_port`` the survivors of a dead peer form a new
+    """One rank's whole life; with ``rejoin`` the survivors of a dead peer form a new
     group there with a ``replacement`` process, which starts empty at version 4."""
-    _join(rank, case, rejoin_port if replacement else port)
+    _join(rank, case, rejoin if replacement else store)
     roles = Roles(range(case.trainers), range(case.trainers, case.world))
     rollout_shards = [attrs.evolve(sglang_shard(case.config, case.rollout, rank=r),
                                    rank=case.trainers + r) for r in range(case.rollout.tp)]
@@ -120,9 +120,9 @@ def run(rank: int, case: Case, port: int, out_dir: str, rejoin_port: int | None 
         canonical = {n: p.detach() for n, p in zip(reference, reference_params)}
         outcome = role.version(version, canonical)
         log.append(f"{rank} v{version} {outcome}")
-        if "Error" in outcome and rejoin_port is not None:
+        if "Error" in outcome and rejoin is not None:
             dist.destroy_process_group()
-            _join(rank, case, rejoin_port)
+            _join(rank, case, rejoin)
     suffix = "-replacement" if replacement else ""
     with open(os.path.join(out_dir, f"rank{rank}{suffix}.log"), "w") as fh:
         fh.write("\n".join(log))
@@ -141,8 +141,8 @@ REJOIN_VERSION = 4
 """The first version a replacement process takes part in."""
 
 
-def _join(rank: int, case: Case, port: int) -> None:
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+def _join(rank: int, case: Case, store: str) -> None:
+    dist.init_process_group("gloo", init_method=store, rank=rank,
                             world_size=case.world, timeout=datetime.timedelta(seconds=60))
 
 

@@ -11,7 +11,7 @@ from areal_dte import Method
 from dte_codec.layouts import ModelConfig
 from dte_codec.megatron_layout import MegatronLayout
 from dte_codec.sglang_layout import SGLangLayout
-from group_worker import Case, free_port, run
+from group_worker import Case, rendezvous, run
 
 pytestmark = pytest.mark.distributed
 
@@ -26,12 +26,12 @@ def launch(case: Case, tmp_path, *, replace_rank: int | None = None) -> dict[str
     """Run every rank of ``case`` in its own spawned process; return each rank's log.
 
     With ``replace_rank``, once that rank's process has exited a replacement starts and
-    the survivors re-form the group with it on a second port.
+    the survivors re-form the group with it through a second rendezvous file.
     """
     context = multiprocessing.get_context("spawn")
-    port, rejoin = free_port(), free_port()
-    procs = [context.Process(target=run, args=(rank, case, port, str(tmp_path)),
-                             kwargs={"rejoin_port": rejoin if replace_rank is not None else None})
+    store, rejoin = rendezvous(tmp_path), rendezvous(tmp_path)
+    procs = [context.Process(target=run, args=(rank, case, store, str(tmp_path)),
+                             kwargs={"rejoin": rejoin if replace_rank is not None else None})
              for rank in range(case.world)]
     for proc in procs:
         proc.start()
@@ -40,7 +40,7 @@ def launch(case: Case, tmp_path, *, replace_rank: int | None = None) -> dict[str
         procs[replace_rank].join(JOIN_SECONDS)
         replacement = context.Process(target=run, args=(replace_rank, case, rejoin,
                                                         str(tmp_path)),
-                                      kwargs={"rejoin_port": rejoin, "replacement": True})
+                                      kwargs={"rejoin": rejoin, "replacement": True})
         replacement.start()
         procs.append(replacement)
     for proc in procs:

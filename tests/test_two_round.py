@@ -6,7 +6,7 @@ from __future__ import annotations
 import multiprocessing
 
 import pytest
-from group_worker import free_port
+from group_worker import rendezvous
 from two_round_worker import rank_main
 
 pytestmark = pytest.mark.distributed
@@ -14,11 +14,11 @@ pytestmark = pytest.mark.distributed
 
 @pytest.mark.parametrize("world", [3, 5])
 @pytest.mark.parametrize("coalesce", [True, False], ids=["coalesced", "per-op"])
-def test_every_rank_gets_exactly_what_was_sent(world, coalesce):
+def test_every_rank_gets_exactly_what_was_sent(world, coalesce, tmp_path):
     """Each rank receives exactly the non-empty buffers addressed to it."""
     context = multiprocessing.get_context("spawn")
-    queue, port = context.Queue(), free_port()
-    procs = [context.Process(target=rank_main, args=(r, world, port, world, coalesce, queue))
+    queue, store = context.Queue(), rendezvous(tmp_path)
+    procs = [context.Process(target=rank_main, args=(r, world, store, world, coalesce, queue))
              for r in range(world)]
     for proc in procs:
         proc.start()

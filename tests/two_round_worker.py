@@ -16,8 +16,8 @@ def payload(src: int, dst: int, seed: int) -> bytes:
     return rng.randbytes(rng.choice([0, 0, 1, 7, 4096]))
 
 
-def rank_main(rank: int, world: int, port: int, seed: int, coalesce: bool, queue) -> None:
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+def rank_main(rank: int, world: int, store: str, seed: int, coalesce: bool, queue) -> None:
+    dist.init_process_group("gloo", init_method=store, rank=rank,
                             world_size=world, timeout=datetime.timedelta(seconds=20))
     outgoing = {dst: payload(rank, dst, seed) for dst in range(world) if dst != rank}
     received = exchange({d: b for d, b in outgoing.items() if b}, coalesce=coalesce, max_ops=2)
