@@ -50,11 +50,13 @@ def test_clipped_loss_clips_outside_the_range():
 
 
 def test_embedded_profile_validates():
-    """configs/local.yaml passes dte-config's load and startup checks (with stand-ins)."""
-    profile = load_profile(None, ["actor.weight_update_anchor_interval=2"])
+    """configs/local.yaml passes dte-config's load and startup checks as an embedded run
+    (no Megatron/SGLang backend), and `embedded.*` overrides reach the app's section."""
+    profile = load_profile(None, ["actor.weight_update_anchor_interval=2",
+                                  "embedded.model.hidden_size=32"])
     assert 2 == profile.run.delta.weight_update_anchor_interval
     assert profile.run.delta.weight_update_delta_diagnostics.weight_digests
-    assert ("actor.backend", "rollout.backend") == profile.standins
+    assert ("", 32) == (profile.run.rl.actor_backend, profile.embedded.model.hidden_size)
 
 
 def test_profile_rejects_unknown_and_bad_keys():

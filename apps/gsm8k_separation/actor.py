@@ -6,11 +6,18 @@ the fp32 masters of an `areal_dte.TorchActor`, ``TorchActor.step`` runs the real
 ``torch.optim.AdamW`` and casts the masters into its bf16 model copy, which is then copied
 into the policy for the next forward. `sync` delivers that copy through the staged-file
 store (`dte_transport.StagedLink`): full first, then deltas, anchors as configured.
+
+The diagnostics switches act here too: snapshot verification (`areal_dte.TorchActor`'s
+``verify``), phase timing (the report's per-phase milliseconds, else None), recovery (a
+checkpoint after every sync; ``--resume`` starts from one) and deterministic rollout
+diagnostics (every version also goes in full to a second store, for the rollout's
+full-synced reference copy).
 """
 
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -19,6 +26,7 @@ from dte_codec import digests
 from dte_config import read_env
 from dte_transport import Sender, StagedLink
 
+from . import checkpoint
 from .grpo import clipped_policy_loss, group_advantages
 from .model import build_policy, load_tokenizer
 from .spec import JobSpec
@@ -26,6 +34,7 @@ from .spec import JobSpec
 log = logging.getLogger(__name__)
 
 DELTA_OFF = "delta_disabled"
+REFERENCE = "deterministic_rollout_reference"
 
 
 class ActorWorker:
@@ -34,6 +43,7 @@ class ActorWorker:
     def __init__(self, spec: JobSpec):
         self.spec = spec
         self.delta = read_env(spec.env)
+        self.diagnostics = self.delta.weight_update_delta_diagnostics
         vocab = len(load_tokenizer(spec.model))
         self.policy = build_policy(spec.model, spec.shape, vocab_size=vocab, seed=spec.seed)
         self.params = dict(self.policy.named_parameters())
@@ -42,17 +52,30 @@ class ActorWorker:
         o = spec.optim
         optimizer = torch.optim.AdamW(list(masters.values()), lr=o.lr, betas=o.betas, eps=o.eps,
                                       weight_decay=o.weight_decay)
-        self.link = StagedLink(spec.store)
-        sender = Sender(self.link, anchor_interval=self.delta.weight_update_anchor_interval)
+        self.start = checkpoint.Saved(version=0, steps=0)
+        if spec.resume is not None:
+            self.start = checkpoint.load(Path(spec.resume), masters, optimizer)
+            with torch.no_grad():
+                for name, param in self.params.items():
+                    param.copy_(masters[name])
+        self.steps = self.start.steps
+        self.links = [StagedLink(spec.store)]
+        sender = Sender(self.links[0], anchor_interval=self.delta.weight_update_anchor_interval)
         self.actor = TorchActor(masters, optimizer, sender,
-                                method=Method(self.delta.weight_update_delta_method.value))
+                                method=Method(self.delta.weight_update_delta_method.value),
+                                verify=self.diagnostics.snapshot_verification)
+        self.reference = None
+        if spec.reference_store is not None:
+            self.links.append(StagedLink(spec.reference_store))
+            self.reference = Sender(self.links[-1], anchor_interval=0)
         self.numel = sum(t.numel() for t in self.actor.model.values())
 
     def describe(self) -> dict[str, Any]:
-        """Parameter count and dense bytes of the synced weights."""
+        """Parameter count, dense bytes of the synced weights, where a resumed run starts."""
         return {"params": self.numel,
                 "dense_bytes": sum(t.numel() * t.element_size()
-                                   for t in self.actor.model.values())}
+                                   for t in self.actor.model.values()),
+                "version": self.start.version, "steps": self.start.steps}
 
     def train(self, *, sequences: list[list[int]], attention: list[list[int]], prompt_len: int,
               rewards: list[float]) -> dict[str, float]:
@@ -68,6 +91,7 @@ class ActorWorker:
         self.policy.zero_grad(set_to_none=True)
         loss.backward()
         grad_norm = self._step()
+        self.steps += 1
         return {"loss": float(loss.detach()), "grad_norm": grad_norm}
 
     def _logprobs(self, ids: torch.Tensor, attn: torch.Tensor, prompt_len: int) -> torch.Tensor:
@@ -97,11 +121,16 @@ class ActorWorker:
         if self.delta.enable_delta_weight_update:
             report = self.actor.sync(version)
         else:  # the full-weight path
-            report = self.actor.sender.sync_full(self.actor.model, version=version,
-                                                 reason=DELTA_OFF)
+            report = self.actor.sync_full(version, reason=DELTA_OFF)
+        if self.reference is not None:
+            self.reference.sync_full(self.actor.model, version=version, reason=REFERENCE)
+        if self.spec.checkpoint is not None:
+            checkpoint.save(Path(self.spec.checkpoint), self.actor.masters, self.actor.optimizer,
+                            saved=checkpoint.Saved(version=version, steps=self.steps))
         return {"version": report.version, "kind": report.kind.value, "reason": report.reason,
                 "payload_bytes": report.payload_bytes, "dense_bytes": report.dense_bytes,
-                "changed": report.changed, "numel": self.numel, "ms": dict(report.ms)}
+                "changed": report.changed, "numel": self.numel,
+                "ms": dict(report.ms) if self.diagnostics.phase_timing else None}
 
     def verify(self, *, version: int, rollout_digests: dict[str, str]) -> bool:
         """True when every rollout tensor's digest equals the actor's bf16 copy's."""
@@ -114,5 +143,6 @@ class ActorWorker:
         return not differing
 
     def close(self) -> None:
-        """Release the store."""
-        self.link.close()
+        """Release the stores."""
+        for link in self.links:
+            link.close()

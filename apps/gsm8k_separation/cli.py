@@ -4,9 +4,14 @@
     uv run apps/gsm8k_separation --out runs/a --steps 10 actor.optimizer.lr=3e-5
     uv run apps/gsm8k_separation --data ../shared/data/gsm8k/train.jsonl --model /path/qwen3
     uv run apps/gsm8k_separation --config apps/gsm8k_separation/configs/gsm8k_grpo_qwen3_30b_a3b.yaml --dry-run
+    uv run apps/gsm8k_separation --out runs/a actor.weight_update_delta_diagnostics.recovery=true
+    uv run apps/gsm8k_separation --out runs/b --resume runs/a --steps 12
 
 Positional ``dotted.key=value`` items override the profile; AReaL and delta keys are
 checked by dte-config, ``embedded.*`` keys by the app (see experiment.py).
+
+Exit codes: 0 done; 1 a sync failed its digest check or the deterministic rollout
+diagnostics found a difference; 2 the configuration or the command line was refused.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ from dte_config import ConfigError
 from omegaconf import OmegaConf
 from tqdm import tqdm
 
-from . import job
+from . import checkpoint, job
 from .data import load_problems
 from .metrics import METRICS_FILE, PLOT_FILE
 from .experiment import DEFAULT_PROFILE, load_profile
@@ -45,14 +50,18 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--model", help="local Hugging Face checkpoint; default: a random tiny Qwen3")
     p.add_argument("--steps", type=int, help="optimizer steps (syncs = steps + 1); "
                                              "default: total_train_steps of the profile")
+    p.add_argument("--resume", type=Path, metavar="DIR",
+                   help="start from the checkpoint a run with "
+                        "actor.weight_update_delta_diagnostics.recovery=true wrote (its --out "
+                        "folder); the first sync after it is full")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("-v", "--verbose", action="store_true", help="log INFO lines")
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the job; 0 when every sync verified (or digests are off), 1 otherwise."""
-    args = parser().parse_args(argv)
+    """Run the job and return its exit code (see the module doc)."""
+    args = parser().parse_intermixed_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
     started = time.perf_counter()
@@ -64,16 +73,16 @@ def main(argv: list[str] | None = None) -> int:
     if args.dry_run:
         print(OmegaConf.to_yaml(profile.tree, resolve=True), end="")  # noqa: T201
         return 0
-    if not profile.standins:
+    if profile.embedded is None:
         print("config error: this config names a Megatron actor and an SGLang rollout; the "
               "AReaL cluster mode that runs them is not built yet (--dry-run validates it)",
               file=sys.stderr)  # noqa: T201
         return 2
+    refusal = _refusal(args, profile)
+    if refusal:
+        print(f"error: {refusal}", file=sys.stderr)  # noqa: T201
+        return 2
     say = tqdm.write
-    if profile.standins:
-        say(f"note: {' and '.join(profile.standins)} unset: the embedded profile runs a torch "
-            f"AdamW actor and an HF generate rollout; dte-config's startup checks ran with "
-            f"stand-in megatron:/sglang: names")
     seed = int(profile.tree.get("seed", 1))
     problems, source = load_problems(args.data, seed=seed)
     steps = args.steps if args.steps is not None else int(profile.tree.get("total_train_steps")
@@ -81,10 +90,24 @@ def main(argv: list[str] | None = None) -> int:
     say(f"data: {len(problems)} problems from {source}; {steps} steps, {steps + 1} syncs")
     if args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)
-    records = job.run(profile, problems, steps=steps, out=args.out, model=args.model, say=say,
-                      progress=not args.no_progress)
+    records = job.run(profile, problems, steps=steps, out=args.out, model=args.model,
+                      resume=args.resume, say=say, progress=not args.no_progress)
     _summary(records, say, elapsed=time.perf_counter() - started, out=args.out)
-    return 0 if all(r["verified"] is not False for r in records) else 1
+    checks = [r[key] for r in records for key in ("verified", "rollout_identical")]
+    return 1 if False in checks else 0
+
+
+def _refusal(args: argparse.Namespace, profile) -> str | None:
+    """Why the command line cannot run with this profile, or None."""
+    if profile.run.delta.weight_update_delta_diagnostics.recovery and args.out is None:
+        return ("actor.weight_update_delta_diagnostics.recovery=true writes a checkpoint into "
+                "--out DIR; give --out")
+    if args.resume is not None:
+        try:
+            checkpoint.locate(args.resume)
+        except checkpoint.CheckpointError as exc:
+            return str(exc)
+    return None
 
 
 def _summary(records, say, *, elapsed: float, out: Path | None) -> None:

@@ -2,24 +2,17 @@
 
 The YAML holds AReaL keys and the delta keys (``actor.enable_delta_weight_update`` and
 friends), composed with dotted overrides and checked by `dte_config.load_config` and
-`dte_config.validate`, plus an ``embedded:`` section for what AReaL has no key for (the
-tiny model's shape, the shaped reward), which the app checks itself (`EmbeddedConfig`).
-
-Two settings the embedded profile cannot express to dte-config, worked around here:
-
-- dte-config rejects unknown root keys, so ``embedded:`` is split off before `load_config`
-  sees the file (``embedded.*`` overrides go to it as well).
-- `validate` requires ``actor.backend`` to be ``megatron:...`` and ``rollout.backend`` to be
-  ``sglang:...``. The embedded actor is a torch AdamW loop and the rollout is HF
-  ``generate``; neither has an AReaL backend name. When the YAML leaves both unset, the
-  check runs against stand-in names (`STANDIN_BACKENDS`) and the app says so once.
+`dte_config.validate`. A profile with an ``embedded:`` section (what AReaL has no key for:
+the tiny model's shape, the shaped reward; checked here by `EmbeddedConfig`) runs the
+embedded job: a torch AdamW actor and an HF ``generate`` rollout in place of AReaL's
+Megatron and SGLang engines, so `validate` runs with ``embedded=True``. A profile without
+one is a cluster config for AReaL (``scheduler.type``).
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -27,16 +20,11 @@ from typing import Any
 import attrs
 from attrs.validators import instance_of
 from dte_config import ConfigValidationError, RunConfig, load_config, validate
-from omegaconf import OmegaConf
 
 log = logging.getLogger(__name__)
 
 EMBEDDED = "embedded"
 DEFAULT_PROFILE = Path(__file__).resolve().parent / "configs" / "local.yaml"
-STANDIN_BACKENDS = {"actor_backend": "megatron:d1p1t1", "rollout_backend": "sglang:d1p1t1"}
-"""What `validate` is shown for the embedded torch actor and HF rollout (see module doc)."""
-
-
 
 def _size(_instance: object, attribute: attrs.Attribute, value: object) -> None:
     if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
@@ -95,10 +83,8 @@ class Profile:
     """The composed AReaL + delta tree (OmegaConf), resolved."""
     run: RunConfig
     """The typed delta and RL settings, validated."""
-    embedded: EmbeddedConfig
-    """The app's own section."""
-    standins: tuple[str, ...] = ()
-    """RL keys `validate` saw stand-in values for (empty when the YAML sets them)."""
+    embedded: EmbeddedConfig | None
+    """The app's own section; None for a cluster config."""
 
 
 def load_profile(path: str | os.PathLike[str] | None, overrides: Sequence[str] = ()) -> Profile:
@@ -108,42 +94,12 @@ def load_profile(path: str | os.PathLike[str] | None, overrides: Sequence[str] =
         ConfigValidationError: an unknown key, a wrong type or a broken startup check.
         ConfigFileError: the file does not exist.
     """
-    path = Path(path) if path is not None else DEFAULT_PROFILE
-    ours = [o for o in overrides if o.lstrip("+").startswith(f"{EMBEDDED}.")]
-    theirs = [o for o in overrides if o not in ours]
-    raw = OmegaConf.load(path) if path.is_file() else OmegaConf.create({})
-    section = raw.pop(EMBEDDED, None) or OmegaConf.create({})
-    for override in ours:
-        key, _, value = override.lstrip("+").partition("=")
-        OmegaConf.update(section, key.removeprefix(f"{EMBEDDED}."),
-                         OmegaConf.from_dotlist([f"v={value}"]).v, merge=True)
-    loaded = _load_trimmed(raw, path, theirs) if path.is_file() else load_config(path, theirs)
-    run, standins = _with_standins(loaded.config)
-    validate(run)
-    embedded = _embedded(OmegaConf.to_container(section, resolve=True))
-    return Profile(tree=loaded.tree, run=loaded.config, embedded=embedded, standins=standins)
-
-
-def _load_trimmed(raw: Any, path: Path, overrides: Sequence[str]):
-    """`load_config` of `raw` (the file without ``embedded:``), saved to a temporary file;
-    next to `path` when it has ``defaults:``, so that they resolve as from the original."""
-    folder = path.parent if "defaults" in raw else None
-    handle = tempfile.NamedTemporaryFile("w", suffix=".yaml", prefix=".", dir=folder,
-                                         delete=False)
-    try:
-        with handle:
-            handle.write(OmegaConf.to_yaml(raw))
-        return load_config(handle.name, overrides)
-    finally:
-        os.unlink(handle.name)
-
-
-def _with_standins(run: RunConfig) -> tuple[RunConfig, tuple[str, ...]]:
-    unset = {name: value for name, value in STANDIN_BACKENDS.items() if not getattr(run.rl, name)}
-    if not unset:
-        return run, ()
-    keys = tuple(attrs.fields_dict(type(run.rl))[name].metadata["key"] for name in unset)
-    return attrs.evolve(run, rl=attrs.evolve(run.rl, **unset)), keys
+    loaded = load_config(DEFAULT_PROFILE if path is None else path, overrides,
+                         sections=[EMBEDDED])
+    section = loaded.sections.get(EMBEDDED)
+    validate(loaded.config, embedded=section is not None)
+    embedded = None if section is None else _embedded(section or {})
+    return Profile(tree=loaded.tree, run=loaded.config, embedded=embedded)
 
 
 def _embedded(data: Mapping[str, Any]) -> EmbeddedConfig:

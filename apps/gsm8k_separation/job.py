@@ -4,7 +4,8 @@ Per step: the rollout samples a batch of groups with the weights it holds (versi
 scores them; the actor takes exactly one GRPO/AdamW step on it and syncs version v + 1
 through the staged-file store; the rollout applies it and, with weight digests on, sends
 its digests, which the actor compares with its own bf16 copy. Version 1 is the first,
-full sync of the initial weights.
+full sync of the initial weights. A run resumed from a checkpoint of version V starts by
+syncing V in full to the new rollout process, then steps on from there.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from typing import Any
 import attrs
 from tqdm import tqdm
 
-from . import metrics, table
+from . import checkpoint, metrics, table
 from .actor import ActorWorker
 from .data import Problem
 from .experiment import Profile
@@ -36,6 +37,9 @@ START_TIMEOUT_S = 300.0
 CALL_TIMEOUT_S = 600.0
 POLL_S = 1.0
 STORE = "store"
+REFERENCE_STORE = "reference-store"
+DIAGNOSTIC_SEED = 7_919
+"""Seed of the deterministic rollout diagnostics' sampling (any fixed value)."""
 
 
 class WorkerError(RuntimeError):
@@ -80,18 +84,26 @@ def _start(context: Any, name: str, handler: type, spec: Any) -> _Worker:
 
 
 def run(profile: Profile, problems: Sequence[Problem], *, steps: int, out: Path | None,
-        model: str | None, say: Callable[[str], None] = tqdm.write,
+        model: str | None, resume: Path | None = None,
+        say: Callable[[str], None] = tqdm.write,
         progress: bool = True) -> list[dict[str, Any]]:
-    """Run `steps` GRPO steps (``steps + 1`` syncs) and return one metrics record per sync.
+    """Run GRPO up to `steps` optimizer steps and return one metrics record per sync
+    (``steps + 1`` syncs; from a `resume` checkpoint, its version up to ``steps + 1``).
 
-    Writes ``metrics.jsonl`` and ``sync.png`` into `out` when given; the store lives in
-    ``out/store`` then, else in a temporary directory removed afterwards.
+    Writes ``metrics.jsonl`` and ``sync.png`` into `out` when given; the stores live in
+    `out` then, else in a temporary directory removed afterwards. With recovery on the
+    actor's checkpoint goes to ``out/checkpoint``.
     """
     scratch = None if out is not None else Path(tempfile.mkdtemp(prefix="gsm8k-dte-"))
-    store = (out if out is not None else scratch) / STORE
-    if out is not None and store.exists():
-        shutil.rmtree(store)  # a new stream: the old store's versions mean nothing to it
-    spec = job_spec(profile, store=store, model=model)
+    root = out if out is not None else scratch
+    for name in (STORE, REFERENCE_STORE):
+        if (root / name).exists():  # a new stream: old versions mean nothing to it
+            shutil.rmtree(root / name)
+    diagnostics = profile.run.delta.weight_update_delta_diagnostics
+    spec = job_spec(profile, store=root / STORE, model=model, resume=resume,
+                    reference_store=root / REFERENCE_STORE
+                    if diagnostics.deterministic_rollout else None,
+                    checkpoint=root / checkpoint.FOLDER if diagnostics.recovery else None)
     context = mp.get_context("spawn")
     workers = [_start(context, "actor", ActorWorker, spec),
                _start(context, "rollout", RolloutWorker, spec)]
@@ -125,14 +137,20 @@ def _loop(profile: Profile, spec: JobSpec, problems: Sequence[Problem], workers:
     batch_size = spec.sampling.prompts_per_step
     described = actor.call("describe")
     say(f"policy: {described['params']:,} parameters, {described['dense_bytes']:,} B in bf16")
-    method = profile.run.delta.weight_update_delta_method.value
+    first = described["steps"]
+    if described["version"]:
+        say(f"resumed: version {described['version']} after {first} steps; the first sync "
+            f"gives the new rollout process that version in full")
+    delta = profile.run.delta
     records: list[dict[str, Any]] = []
     announced = False
-    bar = tqdm(total=steps + 1, desc="syncs", unit="sync", disable=not progress, leave=False)
+    bar = tqdm(total=steps + 1 - first, desc="syncs", unit="sync", disable=not progress,
+               leave=False)
     say(table.header())
     train = None
-    for step in range(steps + 1):
-        if step:
+    probe = [p.prompt() for p in problems[:batch_size]]
+    for step in range(first, steps + 1):
+        if step > first:
             chosen = [problems[((step - 1) * batch_size + i) % len(problems)]
                       for i in range(batch_size)]
             batch = rollout.call("generate", prompts=[p.prompt() for p in chosen],
@@ -148,23 +166,25 @@ def _loop(profile: Profile, spec: JobSpec, problems: Sequence[Problem], workers:
                                attention=batch["attention"], prompt_len=batch["prompt_len"],
                                rewards=batch["rewards"])
             train = {**stats, "rewards": batch["rewards"], "exact": batch["exact"]}
-        records.append(_sync(actor, rollout, version=step + 1, step=step, method=method,
-                             digests=profile.run.delta.weight_update_delta_diagnostics
-                             .weight_digests, train=train))
+        record = _sync(actor, rollout, version=step + 1, step=step, delta=delta, train=train)
+        if delta.weight_update_delta_diagnostics.deterministic_rollout:
+            diagnosis = rollout.call("diagnose", prompts=probe, seed=DIAGNOSTIC_SEED)
+            record["rollout_identical"] = diagnosis["identical"]
+        records.append(record)
         say(table.row(records[-1]))
         bar.update(1)
     bar.close()
     return records
 
 
-def _sync(actor: _Worker, rollout: _Worker, *, version: int, step: int, method: str,
-          digests: bool, train: dict[str, Any] | None) -> dict[str, Any]:
+def _sync(actor: _Worker, rollout: _Worker, *, version: int, step: int, delta: Any,
+          train: dict[str, Any] | None) -> dict[str, Any]:
     report = actor.call("sync", version=version)
     applied = rollout.call("sync", version=version)
     verified = None
-    if digests:
+    if delta.weight_update_delta_diagnostics.weight_digests:
         verified = actor.call("verify", version=version, rollout_digests=applied["digests"])
     log.info("v%d %s %d B verified=%s", version, report["kind"], report["payload_bytes"],
              verified)
-    return metrics.record(report, applied, method=method, verified=verified, step=step,
-                          train=train)
+    return metrics.record(report, applied, method=delta.weight_update_delta_method.value,
+                          verified=verified, step=step, train=train)

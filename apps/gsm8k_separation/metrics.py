@@ -20,7 +20,7 @@ def record(report: dict[str, Any], rollout: dict[str, Any], *, method: str,
     """The metrics record of one sync.
 
     Args:
-        report: `ActorWorker.sync`'s answer.
+        report: `ActorWorker.sync`'s answer (``ms`` None: phase timing off).
         rollout: `RolloutWorker.sync`'s answer.
         method: the change detector (used for deltas).
         verified: digests equal (None: digests off).
@@ -29,6 +29,7 @@ def record(report: dict[str, Any], rollout: dict[str, Any], *, method: str,
     """
     delta = report["kind"] == "delta"
     changed = report["changed"]
+    ms = report["ms"]
     entry = {
         "version": report["version"], "kind": report["kind"], "reason": report["reason"],
         "method": method if delta else DENSE_METHOD, "step": step,
@@ -36,9 +37,9 @@ def record(report: dict[str, Any], rollout: dict[str, Any], *, method: str,
         "changed_fraction": changed / report["numel"] if delta and report["numel"] else None,
         "payload_bytes": report["payload_bytes"], "dense_bytes": report["dense_bytes"],
         "bytes_per_changed": report["payload_bytes"] / changed if delta and changed else None,
-        **{f"{phase}_ms": report["ms"].get(phase, 0.0) for phase in PHASES},
+        **{f"{phase}_ms": None if ms is None else ms.get(phase, 0.0) for phase in PHASES},
         "apply_ms": rollout["apply_ms"], "digest_ms": rollout.get("digest_ms"),
-        "verified": verified,
+        "verified": verified, "rollout_identical": None,
         "reward_mean": None, "reward_exact_mean": None, "loss": None,
     }
     if train is not None:

@@ -45,6 +45,13 @@ class JobSpec:
 
     store: str
     """The staged-file store's directory (actor writes, rollout reads)."""
+    reference_store: str | None
+    """Deterministic rollout diagnostics: a second store that gets every version in full,
+    for the rollout's full-synced reference copy; None when the diagnostics are off."""
+    checkpoint: str | None
+    """Recovery: the folder the actor writes its checkpoint to after every sync."""
+    resume: str | None
+    """``--resume``: the checkpoint (or a run folder holding one) the actor starts from."""
     env: dict[str, str]
     """The ``DTE_*`` variables `dte_config.export_env` wrote; workers rebuild the delta
     settings from them with `dte_config.read_env`, as cluster workers do."""
@@ -66,7 +73,9 @@ def _get(tree, dotted: str, default):
     return default if node is None else node
 
 
-def job_spec(profile: Profile, *, store: Path, model: str | None) -> JobSpec:
+def job_spec(profile: Profile, *, store: Path, model: str | None,
+             reference_store: Path | None = None, checkpoint: Path | None = None,
+             resume: Path | None = None) -> JobSpec:
     """The `JobSpec` of `profile`; AReaL's defaults where the YAML leaves a key out."""
     tree, env = profile.tree, {}
     export_env(profile.run.delta, environ=env, tree={})
@@ -85,6 +94,11 @@ def job_spec(profile: Profile, *, store: Path, model: str | None) -> JobSpec:
                   gradient_clipping=float(_get(tree, "actor.optimizer.gradient_clipping", 1.0)),
                   eps_clip=float(_get(tree, "actor.eps_clip", 0.2)),
                   eps_clip_higher=None if higher is None else float(higher))
-    return JobSpec(store=str(store), env=env, model=model, shape=profile.embedded.model,
+    return JobSpec(store=str(store), reference_store=_text(reference_store),
+                   checkpoint=_text(checkpoint), resume=_text(resume), env=env, model=model, shape=profile.embedded.model,
                    seed=int(_get(tree, "seed", 1)), sampling=sampling, optim=optim,
                    shaped_reward=profile.embedded.shaped_reward)
+
+
+def _text(path: Path | None) -> str | None:
+    return None if path is None else str(path)

@@ -6,8 +6,10 @@ from typing import Any
 
 COLUMNS = (("ver", 4), ("kind", 6), ("method", 7), ("changed%", 9), ("payload B", 11),
            ("dense B", 11), ("B/chg", 6), ("detect", 7), ("encode", 7), ("send", 7),
-           ("apply", 7), ("verified", 8), ("reward", 7))
-"""(header, width); times are milliseconds."""
+           ("apply", 7), ("verified", 8), ("same", 5), ("reward", 7))
+"""(header, width); times are milliseconds; ``same``: the deterministic rollout diagnostics
+(delta-synced and full-synced rollouts sampled identically)."""
+CHECK = {True: "yes", False: "NO", None: "off"}
 
 
 def header() -> str:
@@ -23,7 +25,7 @@ def row(r: dict[str, Any]) -> str:
         r["payload_bytes"], r["dense_bytes"], _num(r["bytes_per_changed"], "{:.2f}"),
         _num(r["detect_ms"], "{:.1f}"), _num(r["encode_ms"], "{:.1f}"),
         _num(r["send_ms"], "{:.1f}"), _num(r["apply_ms"], "{:.1f}"),
-        {True: "yes", False: "NO", None: "off"}[r["verified"]], _num(r["reward_mean"], "{:.3f}"),
+        CHECK[r["verified"]], CHECK[r["rollout_identical"]], _num(r["reward_mean"], "{:.3f}"),
     )
     return " ".join(f"{cell!s:>{width}}" for cell, (_, width) in zip(cells, COLUMNS, strict=True))
 

@@ -7,7 +7,7 @@ from areal_dte import Method, TorchActor
 from dte_transport import Loopback, Receiver, Sender, SyncKind
 
 
-def make(method, *, anchor=20, params=None):
+def make(method, *, anchor=20, params=None, verify=False):
     torch.manual_seed(0)
     masters = params or {"w": torch.nn.Parameter(torch.randn(32, 16) * 0.02),
                          "g": torch.nn.Parameter(torch.ones(16))}
@@ -15,7 +15,7 @@ def make(method, *, anchor=20, params=None):
     receiver = Receiver({n: torch.zeros(p.shape, dtype=torch.bfloat16)
                          for n, p in masters.items()})
     actor = TorchActor(masters, optimizer, Sender(Loopback(receiver), anchor_interval=anchor),
-                       method=method)
+                       method=method, verify=verify)
     return actor, receiver
 
 
@@ -85,6 +85,81 @@ def test_adamw_partial_step_only_touches_stepped_tensors():
     train(actor)  # "g" takes its first step, "w" its second: one step each since v2
     assert SyncKind.DELTA == actor.sync(3).kind
     assert in_sync(actor, receiver)
+
+
+@pytest.mark.parametrize("method", list(Method))
+def test_verification_passes_sound_detectors(method):
+    """With snapshot verification on, sound detectors' deltas go out as deltas."""
+    actor, receiver = make(method, verify=True)
+    actor.sync(1)
+    kinds = []
+    for version in range(2, 5):
+        train(actor)
+        kinds.append(actor.sync(version).kind)
+    assert ([SyncKind.DELTA] * 3, True) == (kinds, in_sync(actor, receiver))
+
+
+def _drop_first(actor, name):
+    """Make the detector miss one element of ``name``: the first changed one."""
+    detect = actor._detect
+
+    def missing_one():
+        result = dict(detect())
+        change = result[name]
+        result[name] = type(change)(change.indices[1:], change.base_low[1:],
+                                    change.base_high[1:])
+        return result
+    actor._detect = missing_one
+
+
+def _shift_bound(actor, name):
+    """Make the detector claim a wrong old value for one element of ``name``."""
+    detect = actor._detect
+
+    def shifted():
+        result = dict(detect())
+        change = result[name]
+        # Exact sets have low == high == the old value; the sign-flipped pattern is another
+        # point of the total order, so claiming it is wrong.
+        claim = change.base_low.clone()
+        claim[:1] = (claim[:1].view(torch.int16) ^ -0x8000).view(claim.dtype)
+        result[name] = type(change)(change.indices, claim, claim)
+        return result
+    actor._detect = shifted
+
+
+@pytest.mark.parametrize("breakage", [_drop_first, _shift_bound])
+def test_verification_catches_an_unsound_detector(breakage, caplog):
+    """A missed element (or wrong old-value bounds) is caught before sending: the version
+    goes in full, the error is logged, and the rollout stays exact. Without verification
+    the missed element leaves the rollout wrong (wrong bounds need not: the codec may
+    send those values raw)."""
+    for verify in (True, False):
+        actor, receiver = make(Method.SNAPSHOT, verify=verify)
+        actor.sync(1)
+        train(actor)
+        breakage(actor, "w")
+        report = actor.sync(2)
+        if verify:
+            assert (SyncKind.FULL, True) == (report.kind, in_sync(actor, receiver))
+            assert report.reason.startswith("snapshot_verification_failed: tensor 'w'")
+            assert "snapshot verification failed" in caplog.text
+        else:
+            expected = (SyncKind.DELTA, breakage is not _drop_first)
+            assert expected == (report.kind, in_sync(actor, receiver))
+
+
+def test_adamw_after_loading_optimizer_state_is_a_delta():
+    """An actor built over an optimizer with loaded state (a resumed run) syncs in full,
+    then inverts the next single step as a delta."""
+    first, _ = make(Method.ADAMW)
+    train(first, steps=3)
+    actor, receiver = make(Method.ADAMW)
+    actor.optimizer.load_state_dict(first.optimizer.state_dict())
+    actor.sync(4)
+    train(actor)
+    report = actor.sync(5)
+    assert (SyncKind.DELTA, True) == (report.kind, in_sync(actor, receiver))
 
 
 def test_public_api():

@@ -108,6 +108,24 @@ def test_without_delta_keys_leaves_only_areal_keys(example_path):
     )
 
 
+def test_caller_sections_are_composed_and_kept_out_of_the_checks(tmp_path, example_path):
+    """A root section named in sections= takes overrides, comes back resolved, is not
+    checked against AReaL's keys, and leaves the trimmed tree; unnamed it is rejected."""
+    path = tmp_path / "app.yaml"
+    path.write_text(f"defaults:\n  - {example_path}\n  - _self_\napp:\n  width: 8\n"
+                    "  seed: ${seed}\n")
+    loaded = load_config(path, ["app.width=16"], sections=["app"])
+    expected = ({"app": {"width": 16, "seed": loaded.tree.seed}}, False, loaded.config)
+    assert expected == (
+        loaded.sections,
+        "app" in loaded.without_delta_keys(),
+        load_config(example_path, []).config,
+    )
+    with pytest.raises(ConfigValidationError) as caught:
+        load_config(path, [])
+    assert "app" == caught.value.key
+
+
 # (id, overrides, full message)
 LOAD_ERRORS = [
     (

@@ -214,6 +214,23 @@ def test_cast_accepts_adamw_only_requirements(example, name, rl_changes, message
     assert expected == validate(config)
 
 
+ENGINE_ROWS = [row for row in REJECTIONS if row[1].keys() <= {"actor_backend", "rollout_backend"}]
+
+
+@pytest.mark.parametrize(
+    ("name", "rl_changes", "message", "adamw_only"), ENGINE_ROWS, ids=[r[0] for r in ENGINE_ROWS]
+)
+def test_embedded_skips_only_the_engine_requirements(
+    example, name, rl_changes, message, adamw_only
+):
+    """embedded=True accepts any actor/rollout backend and still rejects everything else."""
+    expected = None
+    assert expected == validate(_with(example, rl_changes), embedded=True)
+    with pytest.raises(ConfigValidationError) as caught:
+        validate(_with(example, {**rl_changes, "ppo_n_minibatches": 2}), embedded=True)
+    assert "actor.ppo_n_minibatches" == caught.value.key
+
+
 def test_first_broken_requirement_wins(example):
     """Several broken requirements report the first one in REQUIREMENTS order."""
     config = _with(example, {"ppo_n_minibatches": 3, "rollout_scheduling_strategy": "colocation"})

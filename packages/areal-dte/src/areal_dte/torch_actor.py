@@ -18,9 +18,13 @@ from dte_detector.errors import StepGapError
 from dte_transport import Sender, SyncReport
 from dte_transport.group import GroupSender
 
+from .errors import MissedChangeError
+from .verification import Verifier
+
 log = logging.getLogger(__name__)
 
 STEP_GAP = "step_gap"
+VERIFICATION_FAILED = "snapshot_verification_failed"
 
 
 class Method(enum.Enum):
@@ -44,11 +48,16 @@ class TorchActor:
         method: how changes are detected.
         dtype: the model copy's dtype, i.e. what the rollout receives; a mapping gives
             it per tensor (e.g. an fp32 MoE router among bf16 weights).
+        verify: snapshot verification: keep a copy of the last committed model and check
+            every delta's change sets against it before sending; a failed check is logged
+            as an error and the version goes out in full with reason
+            ``VERIFICATION_FAILED``.
     """
 
     def __init__(self, masters: Mapping[str, torch.Tensor], optimizer: torch.optim.Optimizer,
                  sender: Sender | GroupSender, *, method: Method,
-                 dtype: torch.dtype | Mapping[str, torch.dtype] = torch.bfloat16):
+                 dtype: torch.dtype | Mapping[str, torch.dtype] = torch.bfloat16,
+                 verify: bool = False):
         self.masters = dict(masters)
         self.optimizer = optimizer
         self.sender = sender
@@ -61,6 +70,7 @@ class TorchActor:
         self._snapshot = Snapshot()
         self._hyper: dict[str, object] = {}
         self._synced_steps: dict[str, int] = {}
+        self._verifier = Verifier() if verify else None
 
     def step(self) -> None:
         """One optimizer step, then the cast of every master into the model copy."""
@@ -79,19 +89,37 @@ class TorchActor:
             gap = self._step_gap()
             if gap is not None:
                 log.info("v%d: %s, syncing in full", version, gap)
-                report = self.sender.sync_full(self.model, version=version, reason=STEP_GAP)
-                self._committed()
-                return report
-        report = self.sender.sync(self.model, version=version, changes=self._changes())
+                return self.sync_full(version, reason=STEP_GAP)
+        try:
+            report = self.sender.sync(self.model, version=version, changes=self._changes())
+        except MissedChangeError as exc:
+            log.error("v%d: snapshot verification failed, syncing in full: %s", version, exc)
+            return self.sync_full(version, reason=f"{VERIFICATION_FAILED}: {exc}")
+        self._committed()
+        return report
+
+    def sync_full(self, version: int, *, reason: str) -> SyncReport:
+        """Deliver the model copy as ``version`` in full, for ``reason``."""
+        report = self.sender.sync_full(self.model, version=version, reason=reason)
         self._committed()
         return report
 
     def _changes(self) -> Callable[[], Mapping[str, ChangeSet]]:
+        if self._verifier is None:
+            return self._detect
+
+        def verified() -> Mapping[str, ChangeSet]:
+            found = self._detect()
+            self._verifier.check(self.model, found)
+            return found
+        return verified
+
+    def _detect(self) -> Mapping[str, ChangeSet]:
         if self.method == Method.CAST:
-            return lambda: {n: self._cast.changes(n, t) for n, t in self.model.items()}
+            return {n: self._cast.changes(n, t) for n, t in self.model.items()}
         if self.method == Method.SNAPSHOT:
-            return lambda: {n: self._snapshot.changes(n, t) for n, t in self.model.items()}
-        return lambda: {n: self._invert(n) for n in self.model}
+            return {n: self._snapshot.changes(n, t) for n, t in self.model.items()}
+        return {n: self._invert(n) for n in self.model}
 
     def _invert(self, name: str) -> ChangeSet:
         state = self._hyper.get(name)
@@ -111,8 +139,13 @@ class TorchActor:
         return None
 
     def _committed(self) -> None:
+        if self._verifier is not None:
+            self._verifier.commit(self.model)
         if self.method == Method.ADAMW:
-            self._synced_steps = {n: s.hyper.step for n, s in self._hyper.items()}
+            # From the optimizer, not the last step's capture: an optimizer whose state was
+            # loaded (a resumed run) has steps this object never saw.
+            self._synced_steps = {self._names[id(s.param)]: s.hyper.step
+                                  for s in torch_adamw_states(self.optimizer)}
         elif self.method == Method.CAST:
             self._cast.clear()
         else:

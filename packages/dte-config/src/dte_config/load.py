@@ -37,10 +37,15 @@ class LoadedConfig:
     """The whole experiment config, ``defaults:`` merged, overrides applied, resolved."""
     config: RunConfig
     """The typed settings that `validate` checks."""
+    sections: Mapping[str, Any] = attrs.field(factory=dict, eq=False)
+    """The caller's own root sections (``sections=`` of `load_config`), resolved, unchecked."""
 
     def without_delta_keys(self) -> DictConfig:
-        """A copy of the tree without the delta keys, for AReaL's own config classes."""
+        """A copy of the tree without the delta keys and the caller's own sections, for
+        AReaL's own config classes."""
         trimmed = self.tree.copy()
+        for name in self.sections:
+            trimmed.pop(name, None)
         actor = trimmed.get(ACTOR)
         if isinstance(actor, DictConfig):
             for name in DELTA_KEYS:
@@ -48,12 +53,20 @@ class LoadedConfig:
         return trimmed
 
 
-def load_config(path: str | os.PathLike[str] | None, overrides: Sequence[str] = ()) -> LoadedConfig:
+def load_config(
+    path: str | os.PathLike[str] | None,
+    overrides: Sequence[str] = (),
+    *,
+    sections: Sequence[str] = (),
+) -> LoadedConfig:
     """Compose `path` with dotted `overrides` and read the typed settings.
 
     Args:
         path: the experiment YAML; None: start from an empty tree (all defaults).
         overrides: ``dotted.key=value`` items, applied in order after composition.
+        sections: root keys that belong to the caller (an application's own settings):
+            composed and overridden like the rest, then handed back in
+            `LoadedConfig.sections` instead of being checked against AReaL's keys.
 
     Raises:
         ConfigFileError: a config file does not exist.
@@ -61,11 +74,12 @@ def load_config(path: str | os.PathLike[str] | None, overrides: Sequence[str] = 
     """
     tree = compose(path, overrides)
     data: dict[str, Any] = OmegaConf.to_container(tree, resolve=True)  # type: ignore[assignment]
+    own = {name: data.pop(name) for name in sections if name in data}
     delta_data = _pop_delta_keys(data)
     check_keys(data, areal_keys())
     config = RunConfig(delta=structure(DeltaConfig, delta_data, key=ACTOR), rl=RLConfig.read(data))
     log.debug("loaded %s with %d overrides: %s", path, len(overrides), config)
-    return LoadedConfig(tree=tree, config=config)
+    return LoadedConfig(tree=tree, config=config, sections=own)
 
 
 def _pop_delta_keys(data: dict[str, Any]) -> dict[str, Any]:

@@ -92,6 +92,8 @@ class Requirement:
         default=_as_is, validator=attrs.validators.is_callable()
     )
     """The rejected value as the config spells it, for the message."""
+    engine: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
+    """Names AReaL's engines (Megatron actor, SGLang rollout); skipped for an embedded run."""
 
 
 def _precision(field: str, key: str) -> Requirement:
@@ -115,12 +117,14 @@ REQUIREMENTS: tuple[Requirement, ...] = (
     Requirement(
         field="actor_backend",
         holds=_backend("megatron"),
+        engine=True,
         why="needs a Megatron-core actor: it reads Megatron's optimizer and shard layout",
         fix=f"set actor.backend to a megatron: allocation such as megatron:d2p1t4{TO_OFF}",
     ),
     Requirement(
         field="rollout_backend",
         holds=_backend("sglang"),
+        engine=True,
         why="needs an SGLang rollout: deltas are applied inside SGLang's workers",
         fix=f"set rollout.backend to an sglang: allocation such as sglang:d2t4p1{TO_OFF}",
     ),
@@ -200,8 +204,14 @@ REQUIREMENTS: tuple[Requirement, ...] = (
 """Every requirement of the delta path, in the order `validate` checks them."""
 
 
-def validate(config: RunConfig) -> None:
+def validate(config: RunConfig, *, embedded: bool = False) -> None:
     """Check the delta settings against the RL run; warn about settings without effect.
+
+    Args:
+        config: the settings `load_config` read.
+        embedded: the caller runs its own actor and rollout in place of AReaL's Megatron
+            and SGLang engines (the GSM8K example's embedded profile, a plain torch loop):
+            the requirements that name those engines are skipped, all others apply.
 
     Raises:
         ConfigValidationError: the first requirement broken, or a ``DTE_*`` entry of a
@@ -214,6 +224,8 @@ def validate(config: RunConfig) -> None:
         return
     method = delta.weight_update_delta_method
     for requirement in REQUIREMENTS:
+        if embedded and requirement.engine:
+            continue
         if method in requirement.methods and requirement.when(rl):
             _check(requirement, delta, rl)
     _check_spec_env(delta, rl)
