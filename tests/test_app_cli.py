@@ -24,7 +24,15 @@ def test_adamw_with_two_minibatches_is_rejected_at_startup(capsys):
     assert "fix: set actor.ppo_n_minibatches=1" in err
 
 
-def test_cluster_config_does_not_run_as_the_embedded_job(capsys):
-    """Without --dry-run a Megatron/SGLang config is refused: cluster mode is not built."""
+def test_cluster_config_needs_a_scheduler(capsys):
+    """Without --dry-run a cluster config needs scheduler.type; it never runs as the
+    embedded job."""
     assert 2 == main(["--config", str(CLUSTER)])
-    assert "cluster mode that runs them is not built yet" in capsys.readouterr().err
+    assert capsys.readouterr().err.startswith("config error: scheduler.type=None: ")
+
+
+def test_cluster_mode_without_areal_names_the_extra(capsys):
+    """scheduler.type=local in the default environment (no AReaL) exits 2 with the hint."""
+    assert 2 == main(["--config", str(CLUSTER), "scheduler.type=local"])
+    err = capsys.readouterr().err
+    assert "cannot be imported" in err and "uv sync --extra areal" in err

@@ -28,7 +28,7 @@ import pytest
 import torch
 from bitwise import first_difference
 from dte_codec import CodecError, Kind, apply_, decode, digests, encode_delta, encode_full
-from dte_codec.apply import _Staged
+from dte_codec.apply import Staged
 from dte_codec.errors import ApplyError, DigestError, EntryError, HeaderError
 from dte_codec.header import (DIGEST_OFFSET, DTYPE_CODES, Header, IndexEncoding, ValueEncoding,
                               align, payload_digest)
@@ -372,8 +372,8 @@ def test_reshaped_entries_raise_only_codec_errors(setup):
 
 
 def _failing_write(monkeypatch, k: int, *, after_writing: bool) -> list[str]:
-    """Make the k-th ``_Staged.write`` (1-based) raise, before or after it writes."""
-    original = _Staged.write
+    """Make the k-th ``Staged.write`` (1-based) raise, before or after it writes."""
+    original = Staged.write
     calls: list[str] = []
 
     def write(self):
@@ -385,7 +385,7 @@ def _failing_write(monkeypatch, k: int, *, after_writing: bool) -> list[str]:
             raise RuntimeError("injected write failure")
         return result
 
-    monkeypatch.setattr(_Staged, "write", write)
+    monkeypatch.setattr(Staged, "write", write)
     return calls
 
 

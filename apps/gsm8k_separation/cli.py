@@ -6,9 +6,12 @@
     uv run apps/gsm8k_separation --config apps/gsm8k_separation/configs/gsm8k_grpo_qwen3_30b_a3b.yaml --dry-run
     uv run apps/gsm8k_separation --out runs/a actor.weight_update_delta_diagnostics.recovery=true
     uv run apps/gsm8k_separation --out runs/b --resume runs/a --steps 12
+    uv run --extra areal apps/gsm8k_separation --config CLUSTER.yaml scheduler.type=slurm
 
 Positional ``dotted.key=value`` items override the profile; AReaL and delta keys are
-checked by dte-config, ``embedded.*`` keys by the app (see experiment.py).
+checked by dte-config, ``embedded.*`` keys by the app (see experiment.py). A config without
+an ``embedded:`` section is a cluster config: with ``scheduler.type`` set it runs through
+AReaL's trainer and scheduler (cluster.py, the ``areal`` extra).
 
 Exit codes: 0 done; 1 a sync failed its digest check or the deterministic rollout
 diagnostics found a difference; 2 the configuration or the command line was refused.
@@ -74,10 +77,7 @@ def main(argv: list[str] | None = None) -> int:
         print(OmegaConf.to_yaml(profile.tree, resolve=True), end="")  # noqa: T201
         return 0
     if profile.embedded is None:
-        print("config error: this config names a Megatron actor and an SGLang rollout; the "
-              "AReaL cluster mode that runs them is not built yet (--dry-run validates it)",
-              file=sys.stderr)  # noqa: T201
-        return 2
+        return _cluster(profile)
     refusal = _refusal(args, profile)
     if refusal:
         print(f"error: {refusal}", file=sys.stderr)  # noqa: T201
@@ -95,6 +95,30 @@ def main(argv: list[str] | None = None) -> int:
     _summary(records, say, elapsed=time.perf_counter() - started, out=args.out)
     checks = [r[key] for r in records for key in ("verified", "rollout_identical")]
     return 1 if False in checks else 0
+
+
+def _cluster(profile) -> int:
+    """Run a cluster config through AReaL; 2 when it cannot start."""
+    kind = profile.tree.get("scheduler", {}).get("type")
+    if kind is None:
+        print("config error: scheduler.type=None: a cluster config runs through AReaL's "
+              "scheduler; fix: set scheduler.type=local, slurm or ray (with the areal extra: "
+              "uv run --extra areal ...); --dry-run validates without it",
+              file=sys.stderr)  # noqa: T201
+        return 2
+    from areal_dte.errors import AReaLImportError  # noqa: PLC0415
+
+    try:
+        from .cluster import prepare_cluster, run_cluster  # noqa: PLC0415 - needs AReaL
+
+        job = prepare_cluster(profile.tree, profile.run)
+    except (AReaLImportError, ConfigError) as exc:
+        print(f"config error: {exc}", file=sys.stderr)  # noqa: T201
+        return 2
+    for line in job.plan.describe():
+        tqdm.write(line)
+    run_cluster(job)
+    return 0
 
 
 def _refusal(args: argparse.Namespace, profile) -> str | None:

@@ -6,7 +6,7 @@ import pytest
 import torch
 from bitwise import first_difference
 from dte_codec import apply_, decode, encode_delta, encode_full
-from dte_codec.apply import _Staged
+from dte_codec.apply import Staged
 from dte_codec.errors import ApplyError, EntryError, MismatchError
 from dte_codec.values import int_view
 from dte_detector import ChangeSet, diff
@@ -166,7 +166,7 @@ def test_residue_against_a_foreign_base_writes_nothing():
 
 
 def _failing_write(monkeypatch, k: int) -> None:
-    original = _Staged.write
+    original = Staged.write
     calls = []
 
     def write(self):
@@ -175,7 +175,7 @@ def _failing_write(monkeypatch, k: int) -> None:
             raise RuntimeError("disk on fire")
         return original(self)
 
-    monkeypatch.setattr(_Staged, "write", write)
+    monkeypatch.setattr(Staged, "write", write)
 
 
 def test_failed_write_restores_delta(monkeypatch):

@@ -41,15 +41,9 @@ class UnsupportedModelError(ArealDteError, ValueError):
         super().__init__(f"{field}: expected {expected}, got {got}")
 
 
-class PluginNotLoadedError(ArealDteError, RuntimeError):
-    """The SGLang server runs the DTE weight loader without areal-dte's SGLang plugin,
-    so a rejected payload would stop its scheduler instead of failing the request."""
-
-    def __init__(self, plugin: str):
-        self.plugin = plugin
-        super().__init__(f"the SGLang general plugin {plugin!r} is not loaded in this process; "
-                         "install areal-dte in the server's environment and do not leave it "
-                         "out of SGLANG_PLUGINS")
+REFUSAL = "payload rejected"
+"""How every `PayloadRejectedError` message starts; a sender that sees only the rollout's
+text (SGLang's failure answer) tells the receiver's refusals from other failures by it."""
 
 
 class PayloadRejectedError(ArealDteError, ValueError):
@@ -58,7 +52,7 @@ class PayloadRejectedError(ArealDteError, ValueError):
 
     def __init__(self, ack: Ack):
         self.ack = ack
-        super().__init__(f"payload rejected ({ack.rejection.value}): {ack.detail}; "
+        super().__init__(f"{REFUSAL} ({ack.rejection.value}): {ack.detail}; "
                          f"holding version {ack.version}")
 
 

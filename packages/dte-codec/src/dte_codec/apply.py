@@ -31,8 +31,10 @@ from .values import decode_values
 
 
 @attrs.frozen
-class _Staged:
-    """One entry ready to write: where, what, and how to undo it."""
+class Staged:
+    """One write ready to go: into ``target`` (reported as ``name``), at flat indices
+    ``where`` or inside the box ``where``, the values ``new``; ``keep_undo``: a box saves
+    its old values first (a sparse write always does)."""
 
     name: str
     target: torch.Tensor
@@ -92,7 +94,7 @@ class Prepared:
     any of them writes.
     """
 
-    entries: tuple[_Staged, ...]
+    entries: tuple[Staged, ...]
     full: bool
 
     def write(self) -> None:
@@ -102,19 +104,40 @@ class Prepared:
 
 def prepare(weights: Mapping[str, torch.Tensor], payloads: Sequence[Payload]) -> Prepared:
     """Stage the payloads of one version (every check of ``apply_all``, no write)."""
-    kind = _check_same_version(payloads)
-    staged = [_stage(weights, entry, where, sections, kind)
+    kind = check_fit(weights, payloads)
+    staged = [_stage(weights[entry.name], entry, where, sections, kind)
               for payload in payloads
               for entry, where, sections in zip(payload.header.entries, payload.indices,
                                                 payload.values)]
-    _check_regions(weights, staged, kind)
     return Prepared(tuple(staged), kind == Kind.FULL)
 
 
-def _write(staged: list[_Staged], *, full: bool) -> None:
+def check_fit(weights: Mapping[str, torch.Tensor], payloads: Sequence[Payload]) -> Kind:
+    """Every check of ``prepare`` that reads no values: one stream, kind and version;
+    per entry a tensor of that name, dtype and shape, contiguous; entries of one tensor
+    disjoint; a full version covering every element. Meta tensors stand in for a
+    receiver that holds its tensors in another layout.
+
+    Returns:
+        The payloads' kind.
+
+    Raises:
+        MismatchError: the first check that fails.
+    """
+    kind = _check_same_version(payloads)
+    regions: dict[str, list[torch.Tensor | Box]] = defaultdict(list)
+    for payload in payloads:
+        for entry, where in zip(payload.header.entries, payload.indices):
+            _check_target(weights, entry)
+            regions[entry.name].append(where)
+    _check_regions(weights, regions, kind)
+    return kind
+
+
+def _write(staged: list[Staged], *, full: bool) -> None:
     # An entry joins the undo log before its write starts, so a write that fails halfway
     # is restored too; no_grad lets the writes reach leaf tensors that require grad.
-    undo: list[tuple[_Staged, torch.Tensor | None]] = []
+    undo: list[tuple[Staged, torch.Tensor | None]] = []
     done = 0
     with torch.no_grad():
         try:
@@ -143,8 +166,7 @@ def _check_same_version(payloads: Sequence[Payload]) -> Kind:
     return payloads[0].header.kind
 
 
-def _stage(weights: Mapping[str, torch.Tensor], entry: Entry, where: torch.Tensor | Box,
-           sections: tuple[torch.Tensor, ...], kind: Kind) -> _Staged:
+def _check_target(weights: Mapping[str, torch.Tensor], entry: Entry) -> None:
     target = weights.get(entry.name)
     if target is None:
         raise MismatchError("name", expected="a tensor of the receiver", got=repr(entry.name))
@@ -155,45 +177,47 @@ def _stage(weights: Mapping[str, torch.Tensor], entry: Entry, where: torch.Tenso
     if not target.is_contiguous():
         raise MismatchError("layout", expected="a contiguous tensor", got="strided",
                             tensor=entry.name)
+
+
+def _stage(target: torch.Tensor, entry: Entry, where: torch.Tensor | Box,
+           sections: tuple[torch.Tensor, ...], kind: Kind) -> Staged:
     sections = tuple(s.to(target.device) for s in sections)
     if isinstance(where, Box):
         new = sections[0].view(entry.dtype).view(where.size)
-        return _Staged(entry.name, target, where, new, keep_undo=kind == Kind.DELTA)
+        return Staged(entry.name, target, where, new, keep_undo=kind == Kind.DELTA)
     where = where.to(target.device)
     new = decode_values(entry, sections, target.view(-1)[where])
-    return _Staged(entry.name, target, where, new, keep_undo=True)
+    return Staged(entry.name, target, where, new, keep_undo=True)
 
 
-def _check_regions(weights: Mapping[str, torch.Tensor], staged: list[_Staged],
-                   kind: Kind) -> None:
+def _check_regions(weights: Mapping[str, torch.Tensor],
+                   regions: Mapping[str, list[torch.Tensor | Box]], kind: Kind) -> None:
     """Entries of one tensor must not overlap; a full version must cover every element."""
-    by_name: dict[str, list[_Staged]] = defaultdict(list)
-    for item in staged:
-        by_name[item.name].append(item)
-    for name, items in by_name.items():
-        _check_disjoint(name, tuple(weights[name].shape), items)
+    for name, wheres in regions.items():
+        _check_disjoint(name, tuple(weights[name].shape), wheres)
     if kind != Kind.FULL:
         return
-    missing = sorted(n for n, t in weights.items() if t.numel() and n not in by_name)
+    missing = sorted(n for n, t in weights.items() if t.numel() and n not in regions)
     if missing:
         raise MismatchError("entries", expected="every tensor of the receiver",
                             got=f"a full payload without {missing[:5]}")
-    for name, items in by_name.items():
-        covered = sum(i.where.numel for i in items)
+    for name, wheres in regions.items():
+        covered = sum(where.numel for where in wheres)
         if covered != weights[name].numel():
             raise MismatchError("entries", expected=f"{weights[name].numel()} elements covered",
                                 got=covered, tensor=name)
 
 
-def _check_disjoint(name: str, shape: tuple[int, ...], items: list[_Staged]) -> None:
-    if len(items) < 2:
+def _check_disjoint(name: str, shape: tuple[int, ...],
+                    wheres: list[torch.Tensor | Box]) -> None:
+    if len(wheres) < 2:
         return
-    boxes = [i.where for i in items if isinstance(i.where, Box)]
+    boxes = [w for w in wheres if isinstance(w, Box)]
     for a, b in itertools.combinations(boxes, 2):
         if a.overlaps(b):
             raise MismatchError("entries", expected="disjoint regions",
                                 got=f"boxes {a} and {b} overlap", tensor=name)
-    lists = [i.where for i in items if not isinstance(i.where, Box)]
+    lists = [w for w in wheres if not isinstance(w, Box)]
     if not lists:
         return
     indices = torch.cat(lists)

@@ -3,15 +3,24 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import MutableMapping
+from collections.abc import Callable, Mapping, MutableMapping
 
 import torch
-from dte_codec import CodecError, Kind, apply_, decode
+from dte_codec import CodecError, Kind, Payload, decode
+from dte_codec.apply import Prepared, prepare
 from dte_codec.errors import ApplyError, MismatchError
 
 from .ack import Ack, Rejection
 
 log = logging.getLogger(__name__)
+
+Stage = Callable[[Mapping[str, torch.Tensor], Payload], Prepared]
+"""Checks a decoded payload against the live tensors and resolves it, writing nothing."""
+
+
+def by_name(weights: Mapping[str, torch.Tensor], payload: Payload) -> Prepared:
+    """The payload's tensors are the receiver's, by name (``dte_codec.apply.prepare``)."""
+    return prepare(weights, [payload])
 
 
 class Receiver:
@@ -20,12 +29,19 @@ class Receiver:
     A full payload may arrive at any time and sets the stream and version. A delta is
     applied only onto exactly its base version of the same stream; anything else is
     rejected and leaves the tensors and the version as they were.
+
+    Args:
+        weights: the live tensors.
+        device: where payloads are decoded.
+        stage: how a payload maps onto ``weights``; another layout (the rollout's fused,
+            sharded tensors) brings its own.
     """
 
     def __init__(self, weights: MutableMapping[str, torch.Tensor], *,
-                 device: str | torch.device = "cpu"):
+                 device: str | torch.device = "cpu", stage: Stage = by_name):
         self.weights = weights
         self.device = torch.device(device)
+        self.stage = stage
         self.version: int | None = None
         self.stream_id: str | None = None
 
@@ -46,7 +62,7 @@ class Receiver:
                                     f"delta onto version {header.base_version}, holding "
                                     f"{self.version}")
         try:
-            apply_(self.weights, payload)
+            self.stage(self.weights, payload).write()
         except MismatchError as exc:
             return self._reject(Rejection.MISMATCH, exc)
         except ApplyError as exc:

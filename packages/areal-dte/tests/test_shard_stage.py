@@ -1,0 +1,203 @@
+"""ShardStage: Hugging Face-named payloads applied into the fused, sharded tensors of
+SGLang ranks, checked against ``materialize`` of the new canonical weights (which reads
+the layout's pieces, not the stage's plan)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from areal_dte.shard_stage import ShardStage
+from bitwise import first_difference
+from dte_codec import encode_delta, encode_full
+from dte_codec.apply import Staged
+from dte_codec.geometry import materialize
+from dte_codec.layouts import ModelConfig, canonical_tensors, hf_shard
+from dte_codec.parts import assemble, box_part
+from dte_codec.header import Kind
+from dte_codec.sglang_layout import SGLangLayout, sglang_shard
+from dte_detector import diff
+from dte_transport import Receiver, Rejection
+from hypothesis import given
+from hypothesis import strategies as st
+
+PADDING = -7.0
+"""What vocab padding rows hold before the first sync; no payload may touch them."""
+
+DENSE = ModelConfig(vocab=37, hidden=16, layers=2, heads=4, kv_heads=2, head_dim=4,
+                    intermediate=8, tie_word_embeddings=False)
+MOE = ModelConfig(vocab=21, hidden=8, layers=1, heads=4, kv_heads=1, head_dim=2,
+                  num_experts=4, moe_intermediate=4, tie_word_embeddings=True)
+LAYOUTS = [(DENSE, SGLangLayout()), (DENSE, SGLangLayout(tp=2, vocab_padding=3)),
+           (DENSE, SGLangLayout(tp=4)), (MOE, SGLangLayout(tp=2, ep=2)),
+           (MOE, SGLangLayout(tp=4, ep=2)), (MOE, SGLangLayout(tp=2))]
+IDS = [f"{'moe' if c.is_moe else 'dense'}-tp{l.tp}-ep{l.ep}-pad{l.vocab_padding}"
+       for c, l in LAYOUTS]
+
+
+def _canonical(config: ModelConfig, seed: int) -> dict[str, torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    return {name: (torch.randn(spec.shape, generator=gen) * 0.05).to(spec.dtype)
+            for name, spec in canonical_tensors(config).items()}
+
+
+def _step(weights: dict[str, torch.Tensor], seed: int, rate: float) -> dict[str, torch.Tensor]:
+    """Move a ``rate`` share of elements, most by one ulp, some far (raw escapes)."""
+    gen = torch.Generator().manual_seed(seed)
+    out = {}
+    for name, tensor in weights.items():
+        bits = tensor.clone().view(torch.int16).view(-1)
+        moved = torch.rand(bits.shape, generator=gen) < rate
+        jump = torch.randint(-3, 4, bits.shape, generator=gen, dtype=torch.int16)
+        jump = torch.where(torch.rand(bits.shape, generator=gen) < 0.1, jump * 1000, jump)
+        bits[moved] += jump[moved]
+        out[name] = bits.view(torch.bfloat16).view(tensor.shape)
+    return out
+
+
+def _ranks(config: ModelConfig, layout: SGLangLayout, canonical):
+    """Each rank's local tensors (a full load of ``canonical``) and its receiver."""
+    out = []
+    for rank in range(layout.tp):
+        shard = sglang_shard(config, layout, rank=rank)
+        local = materialize(shard, canonical, fill=PADDING)
+        stage = ShardStage.of(hf_shard(config), shard, local)
+        out.append((shard, Receiver(local, stage=stage)))
+    return out
+
+
+def _expected(shard, canonical):
+    return materialize(shard, canonical, fill=PADDING)
+
+
+@pytest.mark.parametrize(("config", "layout"), LAYOUTS, ids=IDS)
+def test_full_then_deltas_equal_a_full_load(config, layout):
+    """A full sync onto unrelated values, then deltas (residues, raw escapes, dense
+    entries), leave every rank's fused tensors equal to a full load, padding untouched."""
+    weights = _canonical(config, 0)
+    ranks = _ranks(config, layout, _canonical(config, 1))
+    full = encode_full(weights, stream_id="s", version=1)
+    for shard, receiver in ranks:
+        assert receiver.receive(full).accepted
+        assert first_difference(_expected(shard, weights), receiver.weights) is None
+    for version, rate in ((2, 0.02), (3, 0.3), (4, 1.0)):
+        new = _step(weights, version, rate)
+        changes = {name: diff(weights[name], new[name]) for name in new}
+        data = encode_delta(new, changes, stream_id="s", base_version=version - 1,
+                            version=version)
+        weights = new
+        for shard, receiver in ranks:
+            assert receiver.receive(data).accepted
+            assert first_difference(_expected(shard, weights), receiver.weights) is None
+
+
+@given(case=st.sampled_from(LAYOUTS), seed=st.integers(0, 2**16), rate=st.floats(0, 0.5))
+def test_delta_equals_full_load(case, seed, rate):
+    """Property: for any seed and change rate, one delta equals a full load of the new
+    weights on every rank."""
+    config, layout = case
+    old = _canonical(config, seed)
+    new = _step(old, seed + 1, rate)
+    data = encode_delta(new, {n: diff(old[n], new[n]) for n in new}, stream_id="s",
+                        base_version=1, version=2)
+    for shard, receiver in _ranks(config, layout, old):
+        receiver.version, receiver.stream_id = 1, "s"
+        assert receiver.receive(data).accepted
+        assert first_difference(_expected(shard, new), receiver.weights) is None
+
+
+def test_box_entries_cut_across_ranks():
+    """Box entries in canonical space (a part of a tensor, as from one of several
+    senders) land in every rank that holds part of them, and nowhere else."""
+    config, layout = DENSE, SGLangLayout(tp=2)
+    old = _canonical(config, 0)
+    name = "model.layers.1.mlp.up_proj.weight"
+    new = dict(old)
+    new[name] = old[name].clone()
+    new[name][3:6, 2:9] = 1.5  # rows 0-3 are rank 0's, rows 4-7 rank 1's
+    part = box_part(name, new[name][3:6, 2:9], shape=(8, 16), start=(3, 2))
+    data = assemble([part], stream_id="s", kind=Kind.DELTA, base_version=1, version=2)
+    for shard, receiver in _ranks(config, layout, old):
+        receiver.version, receiver.stream_id = 1, "s"
+        assert receiver.receive(data).accepted
+        assert first_difference(_expected(shard, new), receiver.weights) is None
+
+
+def _rejected(config, layout, data, rejection: Rejection, detail: str) -> None:
+    weights = _canonical(config, 0)
+    for shard, receiver in _ranks(config, layout, weights):
+        receiver.version, receiver.stream_id = 1, "s"
+        ack = receiver.receive(data)
+        assert (False, 1, rejection, detail) == (ack.accepted, ack.version, ack.rejection,
+                                                 ack.detail)
+        assert first_difference(_expected(shard, weights), receiver.weights) is None
+
+
+def test_unknown_tensor_is_a_mismatch():
+    """A Hugging Face name the model does not have (a tied model's lm_head) is refused
+    before anything is written, with the codec's message."""
+    data = encode_full({"lm_head.weight": torch.zeros(21, 8, dtype=torch.bfloat16)},
+                       stream_id="s", version=2)
+    _rejected(MOE, SGLangLayout(tp=2), data, Rejection.MISMATCH,
+              "name: expected a tensor of the receiver, got 'lm_head.weight'")
+
+
+def test_full_payload_must_cover_every_canonical_tensor():
+    """A full payload without some tensor is refused on every rank."""
+    weights = _canonical(DENSE, 0)
+    del weights["model.norm.weight"]
+    _rejected(DENSE, SGLangLayout(tp=2), encode_full(weights, stream_id="s", version=2),
+              Rejection.MISMATCH, "entries: expected every tensor of the receiver, got a "
+              "full payload without ['model.norm.weight']")
+
+
+def test_wrong_shape_is_a_mismatch():
+    """A canonical tensor of another shape is refused, naming tensor and shapes."""
+    data = encode_full({"model.norm.weight": torch.zeros(17, dtype=torch.bfloat16)},
+                       stream_id="s", version=2)
+    _rejected(DENSE, SGLangLayout(tp=2), data, Rejection.MISMATCH,
+              "tensor 'model.norm.weight': shape: expected (16,), got (17,)")
+
+
+def test_failed_write_restores_every_rank_tensor(monkeypatch):
+    """A write failing after others of the same delta (several fused tensors) restores
+    them all: the rank stays at its version, bit for bit."""
+    config, layout = DENSE, SGLangLayout(tp=2)
+    old = _canonical(config, 0)
+    new = _step(old, 1, 0.2)
+    data = encode_delta(new, {n: diff(old[n], new[n]) for n in new}, stream_id="s",
+                        base_version=1, version=2)
+    original, calls = Staged.write, []
+
+    def write(self):
+        calls.append(self.name)
+        original(self)
+        if len(calls) == 5:
+            raise RuntimeError("device lost")
+
+    monkeypatch.setattr(Staged, "write", write)
+    shard, receiver = _ranks(config, layout, old)[1]
+    receiver.version, receiver.stream_id = 1, "s"
+    ack = receiver.receive(data)
+    assert (False, 1, Rejection.APPLY_FAILED) == (ack.accepted, ack.version, ack.rejection)
+    assert first_difference(_expected(shard, old), receiver.weights) is None
+
+
+def test_stage_checks_the_local_tensors():
+    """Local tensors that are not the shard's (here SGLang TP 2 tensors for a TP 1 shard)
+    are refused when the stage is built."""
+    local = materialize(sglang_shard(DENSE, SGLangLayout(tp=2), rank=0), _canonical(DENSE, 0))
+    with pytest.raises(ValueError) as info:
+        ShardStage.of(hf_shard(DENSE), sglang_shard(DENSE, SGLangLayout(), rank=0), local)
+    assert ("tensor 'model.embed_tokens.weight': shape: expected (64, 16), got (32, 16)"
+            == str(info.value))
+
+
+def test_stage_refuses_strided_tensors():
+    """Writes go through flat views, so a strided local tensor is refused up front."""
+    shard = sglang_shard(DENSE, SGLangLayout(), rank=0)
+    local = materialize(shard, _canonical(DENSE, 0))
+    name = "model.layers.0.self_attn.o_proj.weight"
+    local[name] = local[name].t().contiguous().t()
+    with pytest.raises(ValueError) as info:
+        ShardStage.of(hf_shard(DENSE), shard, local)
+    assert f"layout: expected contiguous local tensors, got strided ['{name}']" == str(info.value)
