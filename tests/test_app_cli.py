@@ -36,3 +36,16 @@ def test_cluster_mode_without_areal_names_the_extra(capsys):
     assert 2 == main(["--config", str(CLUSTER), "scheduler.type=local"])
     err = capsys.readouterr().err
     assert "cannot be imported" in err and "uv sync --extra areal" in err
+
+
+def test_recovery_needs_an_out_folder(capsys):
+    """recovery=true writes its checkpoint into --out: without one the job is refused."""
+    assert 2 == main(["actor.weight_update_delta_diagnostics.recovery=true"])
+    assert "give --out" in capsys.readouterr().err
+
+
+def test_resume_without_a_checkpoint_is_refused(tmp_path, capsys):
+    """--resume DIR with no checkpoint in DIR exits 2 naming the file it looked for."""
+    assert 2 == main(["--resume", str(tmp_path), "--out", str(tmp_path / "out")])
+    assert f"no checkpoint in {tmp_path}: expected {tmp_path}/checkpoint/actor.safetensors" in (
+        capsys.readouterr().err)
