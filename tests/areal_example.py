@@ -46,5 +46,8 @@ def example_loader(tmp_path: Path, *base: str) -> Callable[..., LoadedConfig]:
 
 
 def started_processes() -> list:
-    """Processes this test process started (psutil comes with the areal extra)."""
-    return importlib.import_module("psutil").Process().children()
+    """Processes this test process started (psutil comes with the areal extra), less
+    multiprocessing's resource tracker, which an earlier test's spawn leaves running for
+    the life of the test process."""
+    return [child for child in importlib.import_module("psutil").Process().children()
+            if "multiprocessing.resource_tracker" not in " ".join(child.cmdline())]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import time
 import uuid
 
 import attrs
@@ -33,6 +34,21 @@ def rendezvous(folder) -> str:
     """A fresh file for ``init_process_group``: no port to pick, so no port to lose to
     another test between picking and binding it."""
     return f"file://{folder}/rendezvous-{uuid.uuid4().hex}"
+
+
+def finish(processes, seconds: float) -> tuple[list, list]:
+    """Join every spawned process within ``seconds`` in all; kill the ones still running.
+
+    Returns:
+        The processes that hung (killed) and every process's exit code.
+    """
+    deadline = time.monotonic() + seconds
+    for process in processes:
+        process.join(max(1.0, deadline - time.monotonic()))
+    hung = [process for process in processes if process.is_alive()]
+    for process in hung:
+        process.kill()
+    return hung, [process.exitcode for process in processes]
 
 
 @attrs.frozen

@@ -11,7 +11,7 @@ from areal_dte import Method
 from dte_codec.layouts import ModelConfig
 from dte_codec.megatron_layout import MegatronLayout
 from dte_codec.sglang_layout import SGLangLayout
-from group_worker import Case, rendezvous, run
+from group_worker import Case, finish, rendezvous, run
 
 pytestmark = pytest.mark.distributed
 
@@ -43,13 +43,9 @@ def launch(case: Case, tmp_path, *, replace_rank: int | None = None) -> dict[str
                                       kwargs={"rejoin": rejoin, "replacement": True})
         replacement.start()
         procs.append(replacement)
-    for proc in procs:
-        proc.join(max(1.0, deadline - time.monotonic()))
-    alive = [p for p in procs if p.is_alive()]
-    for proc in alive:
-        proc.kill()
-    assert [] == alive, "ranks hung"
-    assert [0] * len(procs) == [p.exitcode for p in procs]
+    hung, codes = finish(procs, max(1.0, deadline - time.monotonic()))
+    assert [] == hung, "ranks hung"
+    assert [0] * len(procs) == codes
     return {path.stem: path.read_text().splitlines() for path in tmp_path.glob("rank*.log")}
 
 

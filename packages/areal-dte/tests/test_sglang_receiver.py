@@ -12,7 +12,6 @@ skips) without sglang.
 from __future__ import annotations
 
 import multiprocessing
-import time
 
 import attrs
 import pytest
@@ -21,6 +20,7 @@ from areal_dte.errors import PayloadRejectedError
 from areal_dte.sglang_receiver import PAYLOAD_TENSOR, load_payload, payload_tensors
 from bitwise import first_difference
 from dte_transport import Rejection
+from group_worker import finish
 from sglang_world import (
     Trainer,
     assert_equals_full_load,
@@ -134,13 +134,7 @@ def test_tensor_parallel_ranks_over_gloo(make_config, tp, ep, tmp_path):
              for rank in range(tp)]
     for process in ranks:
         process.start()
-    deadline = time.monotonic() + JOIN_SECONDS
-    for process in ranks:
-        process.join(max(1.0, deadline - time.monotonic()))
-    hung = [process for process in ranks if process.is_alive()]
-    for process in hung:
-        process.kill()
-    assert ([], [0] * tp) == (hung, [process.exitcode for process in ranks])
+    assert ([], [0] * tp) == finish(ranks, JOIN_SECONDS)
     expected = [f"v{v} {kind} True bitwise equal" for v, kind in enumerate(
         ["full", "delta", "delta", "anchor", "delta", "delta"], start=1)]
     for rank in range(tp):
