@@ -14,7 +14,7 @@ from pathlib import Path
 
 import attrs
 import torch
-from safetensors.torch import load_file, safe_open, save_file
+from safetensors.torch import safe_open, save_file
 
 FILE = "actor.safetensors"
 FOLDER = "checkpoint"
@@ -73,9 +73,9 @@ def load(path: Path, masters: Mapping[str, torch.nn.Parameter],
         CheckpointError: no checkpoint there, or it does not match these parameters.
     """
     file = locate(path)
-    with safe_open(file, framework="pt") as handle:
+    with safe_open(file, framework="pt") as handle:  # one read: metadata and tensors
         meta = handle.metadata()
-    tensors = load_file(file)
+        tensors = {key: handle.get_tensor(key) for key in handle.keys()}  # noqa: SIM118
     missing = sorted(n for n in masters if f"master/{n}" not in tensors)
     if missing:
         raise CheckpointError(f"{file} lacks parameters {missing[:3]}: another model?")

@@ -82,7 +82,7 @@ class RolloutWorker:
         identical when tokens and every token's log-probability match bit for bit."""
         answers = []
         for policy in (self.policy, self.reference):
-            _, _, out = self._sample(policy, prompts, seed)
+            _, _, out = self._sample(policy, prompts, seed, logits=True)
             logits = torch.stack(out.logits, dim=1).float()
             chosen = out.sequences[:, -logits.shape[1]:]
             logprobs = torch.log_softmax(logits, -1).gather(-1, chosen.unsqueeze(-1))
@@ -93,7 +93,7 @@ class RolloutWorker:
                                                          ref_logprobs.view(torch.int32)),
                 "tokens": int(tokens.numel())}
 
-    def _sample(self, policy: Any, prompts: list[str], seed: int):
+    def _sample(self, policy: Any, prompts: list[str], seed: int, *, logits: bool = False):
         s = self.spec.sampling
         encoded = self.tokenizer(prompts, return_tensors="pt", padding=True,
                                  padding_side="left")
@@ -105,7 +105,8 @@ class RolloutWorker:
                               max_new_tokens=s.max_new_tokens,
                               pad_token_id=self.tokenizer.pad_token_id,
                               eos_token_id=self.tokenizer.eos_token_id,
-                              return_dict_in_generate=True, output_logits=True)
+                              # only the diagnostics read logits: ~150k floats a token
+                              return_dict_in_generate=True, output_logits=logits)
         return ids, prompt_mask, out
 
     def close(self) -> None:

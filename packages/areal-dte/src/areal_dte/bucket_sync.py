@@ -86,6 +86,6 @@ class BucketSync:
                         failed.detail)
             report = self.sender.sync_full(weights, version=version,
                                            reason=f"{RESYNC}: {failed.detail}")
-        for name, tensor in weights.items():
-            self._snapshot.retain(name, tensor)
+        for name, tensor in weights.items():  # add() made them: no second host copy
+            self._snapshot.retain(name, tensor, copy=False)
         return report

@@ -19,7 +19,7 @@ from dte_transport import Sender, SyncReport
 from dte_transport.group import GroupSender
 
 from .errors import MissedChangeError
-from .verification import Verifier
+from .verification import check_changes
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +70,7 @@ class TorchActor:
         self._snapshot = Snapshot()
         self._hyper: dict[str, object] = {}
         self._synced_steps: dict[str, int] = {}
-        self._verifier = Verifier() if verify else None
+        self._verify = verify
 
     def step(self) -> None:
         """One optimizer step, then the cast of every master into the model copy."""
@@ -105,12 +105,12 @@ class TorchActor:
         return report
 
     def _changes(self) -> Callable[[], Mapping[str, ChangeSet]]:
-        if self._verifier is None:
+        if not self._verify:
             return self._detect
 
         def verified() -> Mapping[str, ChangeSet]:
             found = self._detect()
-            self._verifier.check(self.model, found)
+            check_changes(self._snapshot, self.model, found)
             return found
         return verified
 
@@ -139,8 +139,9 @@ class TorchActor:
         return None
 
     def _committed(self) -> None:
-        if self._verifier is not None:
-            self._verifier.commit(self.model)
+        if self._verify or self.method == Method.SNAPSHOT:  # one copy serves both
+            for name, tensor in self.model.items():
+                self._snapshot.retain(name, tensor)
         if self.method == Method.ADAMW:
             # From the optimizer, not the last step's capture: an optimizer whose state was
             # loaded (a resumed run) has steps this object never saw.
@@ -148,6 +149,3 @@ class TorchActor:
                                   for s in torch_adamw_states(self.optimizer)}
         elif self.method == Method.CAST:
             self._cast.clear()
-        else:
-            for name, tensor in self.model.items():
-                self._snapshot.retain(name, tensor)

@@ -1,9 +1,10 @@
 """Snapshot verification: every detector result checked against a retained copy.
 
-Switched on by ``weight_update_delta_diagnostics.snapshot_verification``. The copy costs
-the model's size again, which is why it is a diagnostic: it catches a detector that
-misses a changed element or gives old-value bounds that exclude the value the receiver
-holds, before the delta is sent, instead of leaving it to the next anchor.
+Switched on by ``weight_update_delta_diagnostics.snapshot_verification``. The copy (a
+`dte_detector.Snapshot` of the last committed model) costs the model's size again, which is
+why it is a diagnostic: it catches a detector that misses a changed element or gives
+old-value bounds that exclude the value the receiver holds, before the delta is sent,
+instead of leaving it to the next anchor.
 """
 
 from __future__ import annotations
@@ -12,29 +13,19 @@ from collections.abc import Mapping
 
 import torch
 from dte_codec.bits import order_keys
-from dte_detector import ChangeSet, diff
+from dte_detector import ChangeSet, Snapshot, diff
 from dte_detector.changes import int_bits
 
 from .errors import MissedChangeError
 
 
-class Verifier:
-    """Holds the last committed model and checks change sets against it."""
-
-    def __init__(self) -> None:
-        self._copies: dict[str, torch.Tensor] = {}
-
-    def check(self, model: Mapping[str, torch.Tensor],
-              found: Mapping[str, ChangeSet]) -> None:
-        """Raise `MissedChangeError` for the first tensor whose ``found`` changes are unsound."""
-        for name, tensor in model.items():
-            old = self._copies[name]
-            _check_tensor(name, old.reshape(-1), diff(old, tensor), found[name])
-
-    def commit(self, model: Mapping[str, torch.Tensor]) -> None:
-        """The receiver now holds ``model``: the next check compares against it."""
-        for name, tensor in model.items():
-            self._copies[name] = tensor.detach().clone()
+def check_changes(reference: Snapshot, model: Mapping[str, torch.Tensor],
+                  found: Mapping[str, ChangeSet]) -> None:
+    """Raise `MissedChangeError` for the first tensor whose ``found`` changes are unsound
+    against the copies ``reference`` holds of the last committed ``model``."""
+    for name, tensor in model.items():
+        old = reference.reference(name)
+        _check_tensor(name, old.reshape(-1), diff(old, tensor), found[name])
 
 
 def _check_tensor(name: str, old: torch.Tensor, exact: ChangeSet, found: ChangeSet) -> None:

@@ -209,3 +209,8 @@ class ShardBuilder:
 
     def build(self) -> Shard:
         return Shard(rank=self.rank, tensors=self.tensors, pieces=self.pieces)
+
+
+def size_field(default: int = 1):
+    """An attrs field for a parallel size or padding multiple: an int >= 1."""
+    return attrs.field(default=default, validator=[instance_of(int), ge(1)])

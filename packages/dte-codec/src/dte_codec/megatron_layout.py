@@ -22,7 +22,6 @@ Geometry per rank (stage ``pp``, TP rank ``t``, EP rank ``x``):
 from __future__ import annotations
 
 import attrs
-from attrs.validators import ge, instance_of
 
 from .errors import GeometryError
 from .geometry import Shard
@@ -37,11 +36,10 @@ from .layouts import (
     expert,
     layer,
     rows,
+    size_field,
 )
 
 
-def _size():
-    return attrs.field(default=1, validator=[instance_of(int), ge(1)])
 
 
 @attrs.frozen
@@ -57,13 +55,13 @@ class MegatronRank:
 class MegatronLayout:
     """Megatron-core parallel sizes of the trainer."""
 
-    tp: int = _size()
+    tp: int = size_field()
     """Tensor-parallel size (also the expert tensor-parallel size)."""
-    pp: int = _size()
+    pp: int = size_field()
     """Pipeline stages; each holds ``layers / pp`` consecutive layers."""
-    ep: int = _size()
+    ep: int = size_field()
     """Expert-parallel size (MoE only)."""
-    vocab_multiple: int = _size()
+    vocab_multiple: int = size_field()
     """Pad the vocab to a multiple of this before the TP split (Megatron-LM: its
     ``make_vocab_size_divisible_by * tp``; a bare GPTModel as AReaL builds it: 1)."""
 

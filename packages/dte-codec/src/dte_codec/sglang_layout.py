@@ -23,7 +23,6 @@ Only the first holder of a replicated region is primary (sends when SGLang is a 
 from __future__ import annotations
 
 import attrs
-from attrs.validators import ge, instance_of
 
 from .errors import GeometryError
 from .geometry import Shard
@@ -38,25 +37,24 @@ from .layouts import (
     expert,
     layer,
     rows,
+    size_field,
 )
 
 DEFAULT_VOCAB_PADDING = 64
 """SGLang's ``DEFAULT_VOCAB_PADDING_SIZE``."""
 
 
-def _size(default: int = 1):
-    return attrs.field(default=default, validator=[instance_of(int), ge(1)])
 
 
 @attrs.frozen(kw_only=True)
 class SGLangLayout:
     """SGLang parallel sizes of one rollout engine."""
 
-    tp: int = _size()
+    tp: int = size_field()
     """Tensor-parallel size."""
-    ep: int = _size()
+    ep: int = size_field()
     """Expert-parallel size inside the TP group (MoE only); must divide ``tp``."""
-    vocab_padding: int = _size(DEFAULT_VOCAB_PADDING)
+    vocab_padding: int = size_field(DEFAULT_VOCAB_PADDING)
     """The vocab-parallel layers' padding size."""
 
     @property

@@ -34,13 +34,18 @@ class Snapshot:
 
     def changes(self, name: str, tensor: torch.Tensor) -> ChangeSet:
         """Changes of ``tensor`` since ``retain`` was last called for ``name``."""
+        return diff(self.reference(name), tensor)
+
+    def reference(self, name: str) -> torch.Tensor:
+        """The copy retained for ``name`` (read it, do not write it)."""
         if name not in self._copies:
             raise NoReferenceError(name)
-        return diff(self._copies[name], tensor)
+        return self._copies[name]
 
-    def retain(self, name: str, tensor: torch.Tensor) -> None:
-        """Keep a copy of ``tensor`` as the reference for later diffs."""
-        self._copies[name] = tensor.detach().clone()
+    def retain(self, name: str, tensor: torch.Tensor, *, copy: bool = True) -> None:
+        """Keep ``tensor`` as the reference for later diffs: a copy, or with
+        ``copy=False`` the tensor itself, for a caller that hands over one it owns."""
+        self._copies[name] = tensor.detach().clone() if copy else tensor.detach()
 
     def forget(self) -> None:
         """Drop every retained copy (e.g. after the receiver lost its base)."""
