@@ -12,9 +12,12 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
+from typing import TYPE_CHECKING
+
 import attrs
-import torch
-from safetensors.torch import safe_open, save_file
+
+if TYPE_CHECKING:
+    import torch
 
 FILE = "actor.safetensors"
 FOLDER = "checkpoint"
@@ -52,6 +55,8 @@ def locate(path: Path) -> Path:
 def save(folder: Path, masters: Mapping[str, torch.Tensor], optimizer: torch.optim.Optimizer,
          *, saved: Saved) -> Path:
     """Write the masters and ``optimizer``'s per-parameter state to ``folder/actor.safetensors``."""
+    from safetensors.torch import save_file  # noqa: PLC0415 - torch only in the actor
+
     folder.mkdir(parents=True, exist_ok=True)
     tensors = {f"master/{name}": p.detach().contiguous() for name, p in masters.items()}
     for name, p in masters.items():
@@ -72,6 +77,9 @@ def load(path: Path, masters: Mapping[str, torch.nn.Parameter],
     Raises:
         CheckpointError: no checkpoint there, or it does not match these parameters.
     """
+    import torch  # noqa: PLC0415 - torch only in the actor
+    from safetensors.torch import safe_open  # noqa: PLC0415
+
     file = locate(path)
     with safe_open(file, framework="pt") as handle:  # one read: metadata and tensors
         meta = handle.metadata()

@@ -28,6 +28,15 @@ HUB_TIMEOUT_S = 2.0
 GENERATED = "generated"
 
 
+class DataError(ValueError):
+    """A data record the job cannot use: ``<where>: <problem>`` (``where`` is ``file:line``)."""
+
+    def __init__(self, *, where: str, problem: str) -> None:
+        self.where = where
+        self.problem = problem
+        super().__init__(f"{where}: {problem}")
+
+
 @attrs.frozen(kw_only=True)
 class Problem:
     """One question and its gold numeric answer."""
@@ -46,37 +55,59 @@ def from_record(record: dict, *, where: str) -> Problem:
     """A `Problem` from a GSM8K record (``question``, ``answer`` ending in ``#### n``).
 
     Raises:
-        ValueError: a field is missing or the answer states no number.
+        DataError: a field is missing or the answer states no number.
     """
     try:
         question, solution = record["question"], record["answer"]
     except (KeyError, TypeError):
-        raise ValueError(f"{where}: expected an object with 'question' and 'answer', "
-                         f"got {str(record)[:80]!r}") from None
+        raise DataError(where=where, problem=f"expected an object with 'question' and "
+                                             f"'answer', got {str(record)[:80]!r}") from None
     answer = extract_answer(str(solution))
     if answer is None:
-        raise ValueError(f"{where}: answer states no number: {str(solution)[-80:]!r}")
+        raise DataError(where=where,
+                        problem=f"answer states no number: {str(solution)[-80:]!r}")
     return Problem(question=str(question), answer=answer, solution=str(solution))
 
 
 def load_jsonl(path: str | os.PathLike) -> list[Problem]:
-    """Every record of a GSM8K-format jsonl file (blank lines skipped)."""
+    """Every record of a GSM8K-format jsonl file (blank lines skipped).
+
+    Raises:
+        DataError: a line is not JSON or not a GSM8K record, or the file has none.
+        OSError: the file cannot be read.
+    """
     problems = []
     with open(path, encoding="utf-8") as handle:
         for number, line in enumerate(handle, 1):
-            if line.strip():
-                problems.append(from_record(json.loads(line), where=f"{path}:{number}"))
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise DataError(where=f"{path}:{number}",
+                                problem=f"not JSON ({exc.msg} at column {exc.colno})") from None
+            problems.append(from_record(record, where=f"{path}:{number}"))
     if not problems:
-        raise ValueError(f"{path}: no problems")
+        raise DataError(where=str(path), problem="no problems (the file is empty)")
     return problems
+
+
+def hub_offline() -> bool:
+    """True when ``HF_HUB_OFFLINE`` is set or the hub does not answer within `HUB_TIMEOUT_S`."""
+    if os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on"):
+        return True
+    try:
+        socket.create_connection(HUB_HOST, timeout=HUB_TIMEOUT_S).close()
+    except OSError:
+        return True
+    return False
 
 
 def load_hub(split: str = "train") -> list[Problem] | None:
     """`HUB_DATASET` through ``datasets`` when it is installed and the hub answers, else None."""
-    if importlib.util.find_spec("datasets") is None or os.environ.get("HF_HUB_OFFLINE") == "1":
+    if importlib.util.find_spec("datasets") is None or hub_offline():
         return None
     try:
-        socket.create_connection(HUB_HOST, timeout=HUB_TIMEOUT_S).close()
         import datasets  # noqa: PLC0415 - optional, only when reachable
 
         rows = datasets.load_dataset(HUB_DATASET, "main", split=split)

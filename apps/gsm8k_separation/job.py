@@ -10,10 +10,12 @@ syncing V in full to the new rollout process, then steps on from there.
 
 from __future__ import annotations
 
+import datetime
 import logging
 import multiprocessing as mp
 import queue
 import shutil
+import signal
 import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -29,7 +31,7 @@ from .experiment import Profile
 from .rewards import SHAPED_MAX
 from .rollout import RolloutWorker
 from .spec import JobSpec, job_spec
-from .worker import CLOSE, ERROR, serve
+from .worker import CLOSE, ERROR, Interrupted, WorkerError, serve
 
 log = logging.getLogger(__name__)
 
@@ -38,12 +40,10 @@ CALL_TIMEOUT_S = 600.0
 POLL_S = 1.0
 STORE = "store"
 REFERENCE_STORE = "reference-store"
+TINY_MODEL = "tiny random Qwen3"
+"""The model's name in the plot's title when no ``--model`` is given."""
 DIAGNOSTIC_SEED = 7_919
 """Seed of the deterministic rollout diagnostics' sampling (any fixed value)."""
-
-
-class WorkerError(RuntimeError):
-    """A worker process raised or died; carries its traceback."""
 
 
 @attrs.define
@@ -79,7 +79,13 @@ def _start(context: Any, name: str, handler: type, spec: Any) -> _Worker:
     inbox, outbox = context.Queue(), context.Queue()
     process = context.Process(target=serve, args=(handler, spec, inbox, outbox), name=name,
                               daemon=True)
-    process.start()
+    # The child inherits an ignored SIGINT through exec, so a Ctrl-C while it imports does
+    # not print its traceback; serve() keeps ignoring it.
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        process.start()
+    finally:
+        signal.signal(signal.SIGINT, previous)
     return _Worker(name, process, inbox, outbox)
 
 
@@ -90,10 +96,16 @@ def run(profile: Profile, problems: Sequence[Problem], *, steps: int, out: Path 
     """Run GRPO up to `steps` optimizer steps and return one metrics record per sync
     (``steps + 1`` syncs; from a `resume` checkpoint, its version up to ``steps + 1``).
 
-    Writes ``metrics.jsonl`` and ``sync.png`` into `out` when given; the stores live in
-    `out` then, else in a temporary directory removed afterwards. With recovery on the
-    actor's checkpoint goes to ``out/checkpoint``.
+    Writes ``metrics.jsonl`` (a line per finished sync, as it finishes) and ``sync.png``
+    into `out` when given; the stores live in `out` then, else in a temporary directory
+    removed afterwards. With recovery on the actor's checkpoint goes to ``out/checkpoint``.
+
+    Raises:
+        Interrupted: KeyboardInterrupt (Ctrl-C, or SIGTERM through the CLI) stopped the
+            job; the workers are stopped and the files written for the finished syncs.
+        WorkerError: a worker raised or died.
     """
+    interrupted = False
     scratch = None if out is not None else Path(tempfile.mkdtemp(prefix="gsm8k-dte-"))
     root = out if out is not None else scratch
     for name in (STORE, REFERENCE_STORE):
@@ -104,16 +116,23 @@ def run(profile: Profile, problems: Sequence[Problem], *, steps: int, out: Path 
                     reference_store=root / REFERENCE_STORE
                     if diagnostics.deterministic_rollout else None,
                     checkpoint=root / checkpoint.FOLDER if diagnostics.recovery else None)
+    if out is not None:
+        metrics.start_jsonl(out)
+    records: list[dict[str, Any]] = []
     context = mp.get_context("spawn")
     workers = [_start(context, "actor", ActorWorker, spec),
                _start(context, "rollout", RolloutWorker, spec)]
     try:
         for worker in workers:
             worker.answer(START_TIMEOUT_S)
-        records = _loop(profile, spec, problems, workers, steps=steps, say=say,
-                        progress=progress)
+        _loop(profile, spec, problems, workers, records, steps=steps, say=say,
+              progress=progress, out=out)
         for worker in workers:
             worker.call(CLOSE)
+    except KeyboardInterrupt:
+        for worker in workers:
+            worker.process.terminate()
+        interrupted = True
     except BaseException:
         for worker in workers:  # a failed step: nothing more will be asked of them
             worker.process.terminate()
@@ -125,14 +144,22 @@ def run(profile: Profile, problems: Sequence[Problem], *, steps: int, out: Path 
                 worker.process.terminate()
         if scratch is not None:
             shutil.rmtree(scratch, ignore_errors=True)
-    if out is not None:
-        metrics.write_jsonl(records, out)
-        metrics.plot(records, out)
+    if out is not None and records:
+        method = profile.run.delta.weight_update_delta_method.value \
+            if profile.run.delta.enable_delta_weight_update else metrics.DENSE_METHOD
+        metrics.plot(records, out, heading=metrics.title(
+            model=model or TINY_MODEL, method=method, run=out.resolve().name,
+            when=datetime.datetime.now().astimezone()))
+    if interrupted:
+        raise Interrupted(records)
     return records
 
 
 def _loop(profile: Profile, spec: JobSpec, problems: Sequence[Problem], workers: list[_Worker],
-          *, steps: int, say: Callable[[str], None], progress: bool) -> list[dict[str, Any]]:
+          records: list[dict[str, Any]], *, steps: int, say: Callable[[str], None],
+          progress: bool, out: Path | None) -> None:
+    """Step and sync, appending each finished sync's record to `records` (and to
+    ``out/metrics.jsonl``)."""
     actor, rollout = workers
     batch_size = spec.sampling.prompts_per_step
     described = actor.call("describe")
@@ -142,7 +169,6 @@ def _loop(profile: Profile, spec: JobSpec, problems: Sequence[Problem], workers:
         say(f"resumed: version {described['version']} after {first} steps; the first sync "
             f"gives the new rollout process that version in full")
     delta = profile.run.delta
-    records: list[dict[str, Any]] = []
     announced = False
     bar = tqdm(total=steps + 1 - first, desc="syncs", unit="sync", disable=not progress,
                leave=False)
@@ -171,10 +197,11 @@ def _loop(profile: Profile, spec: JobSpec, problems: Sequence[Problem], workers:
             diagnosis = rollout.call("diagnose", prompts=probe, seed=DIAGNOSTIC_SEED)
             record["rollout_identical"] = diagnosis["identical"]
         records.append(record)
+        if out is not None:
+            metrics.append_jsonl(record, out)
         say(table.row(records[-1]))
         bar.update(1)
     bar.close()
-    return records
 
 
 def _sync(actor: _Worker, rollout: _Worker, *, version: int, step: int, delta: Any,

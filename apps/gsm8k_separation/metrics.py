@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import datetime
 import json
 from collections.abc import Sequence
 from pathlib import Path
@@ -13,6 +14,8 @@ PLOT_FILE = "sync.png"
 DENSE_METHOD = "dense"
 """`method` of full and anchor syncs: every element is sent."""
 PHASES = ("detect", "encode", "send")
+PHASE_COLOURS = ("tab:purple", "tab:olive", "tab:cyan", "tab:gray")
+"""detect, encode, send (actor) and apply (rollout); apart from the colours of the kinds."""
 
 
 def record(report: dict[str, Any], rollout: dict[str, Any], *, method: str,
@@ -52,45 +55,81 @@ def _mean(values: Sequence[float]) -> float:
     return sum(values) / len(values) if values else 0.0
 
 
-def write_jsonl(records: Sequence[dict[str, Any]], out: Path) -> Path:
-    """``out/metrics.jsonl``, one record per line."""
+def start_jsonl(out: Path) -> Path:
+    """An empty ``out/metrics.jsonl``, which `append_jsonl` fills as syncs finish."""
     path = out / METRICS_FILE
-    path.write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in records))
+    path.write_text("")
     return path
 
 
-def plot(records: Sequence[dict[str, Any]], out: Path) -> Path:
-    """``out/sync.png``: bytes per version by kind, changed fraction, reward."""
+def append_jsonl(record: dict[str, Any], out: Path) -> None:
+    """Add one record to ``out/metrics.jsonl`` (flushed, so a reader sees finished syncs)."""
+    with open(out / METRICS_FILE, "a", encoding="utf-8") as handle:
+        handle.write(json.dumps(record, sort_keys=True) + "\n")
+
+
+def title(*, model: str, method: str, run: str, when: datetime.datetime) -> str:
+    """The plot's title: the run's folder, model, change detector and date."""
+    return f"{run}: {model}, method {method}, {when:%Y-%m-%d %H:%M}"
+
+
+def plot(records: Sequence[dict[str, Any]], out: Path, *, heading: str) -> Path:
+    """``out/sync.png``: bytes per version by kind, per-phase time, changed fraction, reward;
+    legends sit beside the axes, never over the data."""
     import matplotlib  # noqa: PLC0415 - only when writing files
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt  # noqa: PLC0415
+    from matplotlib.ticker import MaxNLocator  # noqa: PLC0415
 
-    versions = [r["version"] for r in records]
-    colours = {"full": "tab:red", "anchor": "tab:orange", "delta": "tab:blue"}
-    figure, (ax_bytes, ax_changed, ax_reward) = plt.subplots(3, 1, figsize=(8, 9), sharex=True)
-    for kind, colour in colours.items():
-        chosen = [r for r in records if r["kind"] == kind]
-        ax_bytes.bar([r["version"] for r in chosen], [r["payload_bytes"] for r in chosen],
-                     color=colour, label=kind)
-    ax_bytes.plot(versions, [r["dense_bytes"] for r in records], "k--", label="dense bf16")
-    ax_bytes.set_yscale("log")
-    ax_bytes.set_ylabel("payload bytes")
-    ax_bytes.legend()
+    figure, axes = plt.subplots(4, 1, figsize=(10, 11), sharex=True, layout="constrained")
+    figure.suptitle(heading)
+    _bytes(axes[0], records)
+    _timing(axes[1], records)
     deltas = [r for r in records if r["changed_fraction"] is not None]
-    ax_changed.plot([r["version"] for r in deltas],
-                    [100 * r["changed_fraction"] for r in deltas], "o-")
-    ax_changed.set_ylabel("changed elements (%)")
+    axes[2].plot([r["version"] for r in deltas], [100 * r["changed_fraction"] for r in deltas],
+                 "o-")
+    axes[2].set_ylabel("changed elements (%)")
     trained = [r for r in records if r["reward_mean"] is not None]
-    ax_reward.plot([r["version"] for r in trained], [r["reward_mean"] for r in trained], "o-",
-                   label="reward (shaped where used)")
-    ax_reward.plot([r["version"] for r in trained], [r["reward_exact_mean"] for r in trained],
-                   "s--", label="exact-match reward")
-    ax_reward.set_ylabel("mean reward")
-    ax_reward.set_xlabel("weight version")
-    ax_reward.legend()
-    figure.tight_layout()
+    axes[3].plot([r["version"] for r in trained], [r["reward_mean"] for r in trained], "o-",
+                 label="reward (shaped where used)")
+    axes[3].plot([r["version"] for r in trained], [r["reward_exact_mean"] for r in trained],
+                 "s--", label="exact-match reward")
+    axes[3].set_ylabel("mean reward")
+    axes[3].set_xlabel("weight version")
+    axes[3].xaxis.set_major_locator(MaxNLocator(integer=True))
+    for ax in axes:
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
     path = out / PLOT_FILE
     figure.savefig(path, dpi=100)
     plt.close(figure)
     return path
+
+
+def _bytes(ax: Any, records: Sequence[dict[str, Any]]) -> None:
+    colours = {"full": "tab:red", "anchor": "tab:orange", "delta": "tab:blue"}
+    for kind, colour in colours.items():
+        chosen = [r for r in records if r["kind"] == kind]
+        if not chosen:
+            continue
+        ax.bar([r["version"] for r in chosen], [r["payload_bytes"] for r in chosen],
+               color=colour, label=kind)
+    ax.plot([r["version"] for r in records], [r["dense_bytes"] for r in records], "k--",
+            label="dense bf16")
+    ax.set_yscale("log")
+    ax.set_ylabel("payload bytes")
+
+
+def _timing(ax: Any, records: Sequence[dict[str, Any]]) -> None:
+    """Stacked per-phase milliseconds of each sync (absent when phase timing is off)."""
+    timed = [r for r in records if r["apply_ms"] is not None]
+    versions = [r["version"] for r in timed]
+    bottom = [0.0] * len(timed)
+    for phase, colour in zip((*PHASES, "apply"), PHASE_COLOURS, strict=True):
+        values = [r[f"{phase}_ms"] or 0.0 for r in timed]
+        ax.bar(versions, values, bottom=bottom, label=f"{phase} ms", color=colour)
+        bottom = [b + v for b, v in zip(bottom, values, strict=True)]
+    if not timed:
+        ax.text(0.5, 0.5, "phase timing off", ha="center", va="center", transform=ax.transAxes)
+    ax.set_ylabel("ms per sync")
