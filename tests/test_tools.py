@@ -28,3 +28,11 @@ def test_bench_detectors_quick_misses_nothing():
             if line.startswith("| 20")]
     assert 2 == len(rows)
     assert all("0" == row.split("|")[7].strip() for row in rows)
+
+
+def test_bench_actor_checks_runs():
+    """The checks' benchmark prints its summary line and one Markdown row."""
+    lines = run_tool("tools/bench_actor_checks.py", "--tensors", "8", "--numel", "64",
+                     "--reps", "2")
+    assert lines[0].startswith("8 tensors x 64 elements on cpu: checks ")
+    assert lines[1].startswith("| 20") and lines[1].count("|") == 10

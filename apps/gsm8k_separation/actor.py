@@ -60,7 +60,10 @@ class ActorWorker:
                     param.copy_(masters[name])
         self.steps = self.start.steps
         self.links = [StagedLink(spec.store)]
-        sender = Sender(self.links[0], anchor_interval=self.delta.weight_update_anchor_interval)
+        # With weight digests on, the store checks every version against the actor's own
+        # weights before committing it, so a detector miss becomes a full sync.
+        sender = Sender(self.links[0], anchor_interval=self.delta.weight_update_anchor_interval,
+                        digests=self.diagnostics.weight_digests)
         self.actor = TorchActor(masters, optimizer, sender,
                                 method=Method(self.delta.weight_update_delta_method.value),
                                 verify=self.diagnostics.snapshot_verification)

@@ -141,3 +141,25 @@ def test_sync_without_buckets_is_refused():
     with pytest.raises(DeltaSyncError) as caught:
         buckets.sync(version=2)
     assert "v2 tensors: expected at least one bucket added, got buckets of v1" == str(caught.value)
+
+
+def test_a_walk_that_missed_a_tensor_is_refused():
+    """A version whose buckets lack a tensor of the last one is refused before anything
+    is sent (it would have gone out as a delta that leaves that tensor stale).
+
+    Reproduction: v1 with every bucket, step, v2 with only the first bucket.
+    """
+    trainer, rollout, buckets = setup()
+    sync(buckets, trainer, 1)
+    held = {n: t.clone() for n, t in rollout.items()}
+    trainer.step()
+    buckets.add(trainer.buckets()[0], version=2)
+    with pytest.raises(DeltaSyncError) as caught:
+        buckets.sync(version=2)
+    assert ("v2 tensors: expected the 4 tensors sent before, got 2, missing "
+            "['model.layers.0.mlp.experts.0.down_proj.weight', 'model.norm.weight'], new []"
+            ) == str(caught.value)
+    assert_same_bits(held, rollout)
+    assert 1 == buckets.sender.link.link.messages
+    assert SyncKind.DELTA == sync(buckets, trainer, 3).kind
+    assert_same_bits(trainer.weights(), rollout)

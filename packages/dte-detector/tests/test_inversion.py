@@ -14,7 +14,7 @@ from hypothesis import example, given
 
 from dte_detector import AdamWStep, ChangeSet, diff, invert_adamw, torch_adamw_states
 from dte_detector.changes import int_bits, unknown_bounds
-from dte_detector.errors import StepGapError
+from dte_detector.errors import PrecisionError, StepGapError
 from dte_detector.inversion import CHUNK, GUARD_ULPS
 
 
@@ -160,6 +160,22 @@ def test_step_gap_raises(previous, current):
     assert ("layers.0.w", previous, current) == (info.value.tensor, info.value.previous,
                                                  info.value.current)
     assert isinstance(info.value, ValueError)
+
+
+@pytest.mark.parametrize("field", ["master", "exp_avg", "exp_avg_sq"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float64])
+def test_non_fp32_state_is_refused(field, dtype):
+    """The guard band bounds fp32 round-off: a master or moment in another dtype (AdamW run
+    directly on bf16 parameters) raises PrecisionError instead of a change set."""
+    state = dict(zip(("master", "exp_avg", "exp_avg_sq"), _state([1.0], [1.0], [1.0])))
+    state[field] = state[field].to(dtype)
+    with pytest.raises(PrecisionError) as info:
+        invert_adamw("w", *state.values(), AdamWStep(lr=1e-3, step=1), previous_step=0,
+                     dtype=torch.bfloat16)
+    assert (f"tensor 'w': {field} is {dtype}, expected torch.float32; the AdamW inversion's "
+            "guard band holds for fp32 masters and moments only (use the cast or snapshot "
+            "detector)") == str(info.value)
+    assert isinstance(info.value, TypeError)
 
 
 @pytest.mark.parametrize(("kwargs", "message"), [

@@ -7,6 +7,7 @@ import torch
 
 from dte_detector import AdamWStep, DetectorError, torch_adamw_states
 from dte_detector.errors import UnsupportedOptimizerError
+from dte_detector.torch_adamw import flush_to_zero
 
 
 def _stepped(optimizer_type, params, steps: int = 1, **kwargs) -> torch.optim.Optimizer:
@@ -86,3 +87,13 @@ def test_rejects_optimizers_it_cannot_invert(make, field, message):
     assert field == info.value.field
     assert isinstance(info.value, ValueError)
     assert isinstance(info.value, DetectorError)
+
+
+def test_flush_to_zero_follows_the_setting():
+    """The probe reports ``torch.set_flush_denormal`` as it is on this thread."""
+    assert torch.set_flush_denormal(True), "this CPU cannot flush subnormals"
+    try:
+        on = flush_to_zero()
+    finally:
+        torch.set_flush_denormal(False)
+    assert (True, False) == (on, flush_to_zero())

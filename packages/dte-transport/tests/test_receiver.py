@@ -1,7 +1,7 @@
 """Receiver: applies onto exactly its base, rejects everything else and keeps its bytes."""
 
 import torch
-from dte_codec import encode_delta, encode_full
+from dte_codec import digests, encode_delta, encode_full
 from dte_detector import diff
 from dte_transport import Receiver, Rejection
 
@@ -90,3 +90,35 @@ def test_delta_before_any_full_rejected():
     receiver = Receiver({n: torch.zeros_like(t) for n, t in source.items()})
     ack = receiver.receive(delta(source)[1])
     assert (False, None, Rejection.WRONG_STREAM) == (ack.accepted, ack.version, ack.rejection)
+
+
+def test_digest_mismatch_rolls_a_delta_back():
+    """With the sender's digests, a delta whose result differs from the sender's weights
+    (here: a change the detector missed, in a tensor with no entry) is undone and refused."""
+    source, receiver = seeded()
+    new, _ = delta(source)
+    new["v"][1] += 1  # changed, but not in the payload
+    changes = {"w": diff(source["w"], new["w"]), "v": diff(source["v"], source["v"])}
+    data = encode_delta(new, changes, stream_id="s", base_version=1, version=2)
+    before = snapshot(receiver)
+    ack = receiver.receive(data, digests=digests(new))
+    assert (False, Rejection.DIGEST_MISMATCH) == (ack.accepted, ack.rejection)
+    assert "1 tensors differ from the sender's weights after applying, e.g. 'v'" == ack.detail
+    assert unchanged(receiver, before, 1)
+    new["v"][1] -= 1
+    assert receiver.receive(data, digests=digests(new)).accepted
+    assert all(torch.equal(new[n].view(torch.uint8), t.view(torch.uint8))
+               for n, t in receiver.weights.items())
+
+
+def test_digest_mismatch_after_a_full_leaves_no_version():
+    """A full payload that does not match the sender's digests leaves no valid version,
+    as a failed full write does; a digest naming an unknown tensor is a mismatch too."""
+    source, receiver = seeded()
+    other = {n: t + 1 for n, t in source.items()}
+    ack = receiver.receive(encode_full(source, stream_id="s", version=2), digests=digests(other))
+    assert (False, None, Rejection.DIGEST_MISMATCH) == (ack.accepted, receiver.version,
+                                                        ack.rejection)
+    ack = receiver.receive(encode_full(source, stream_id="s", version=3),
+                           digests={**digests(source), "x": "00"})
+    assert "no tensor 'x' to compare with the sender's digest" == ack.detail

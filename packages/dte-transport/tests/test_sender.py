@@ -127,3 +127,23 @@ def test_anchor_interval_validated():
     """A negative anchor interval is a ValueError naming the field."""
     with pytest.raises(ValueError, match="anchor_interval"):
         Sender(Loopback(Receiver({})), anchor_interval=-1)
+
+
+def test_digests_turn_a_missed_change_into_a_full_sync():
+    """``Sender(digests=True)``: a delta whose detector missed a change is refused by the
+    receiver's digest check and the version goes in full; without digests it would be
+    accepted and the receiver would be wrong."""
+    for checked in (True, False):
+        pair = Pair()
+        pair.sender = Sender(pair.link, anchor_interval=20, digests=checked)
+        pair.sync(1)
+        pair.nudge()
+        missed = {n: diff(t, t) for n, t in pair.weights.items()}  # finds nothing
+        report = pair.sender.sync(pair.weights, version=2, changes=lambda: missed)
+        same = all(torch.equal(pair.receiver.weights[n].view(torch.int16), t.view(torch.int16))
+                   for n, t in pair.weights.items())
+        if checked:
+            assert (SyncKind.FULL, True) == (report.kind, same)
+            assert report.reason.startswith("delta_rejected: digest_mismatch: 1 tensors differ")
+        else:
+            assert (SyncKind.DELTA, False) == (report.kind, same)

@@ -319,6 +319,34 @@ def test_weight_digest_mismatch_drops_the_version_then_reseeds(tmp_path):
     assert ([1, 2], True) == (reader.poll(), holds(receiver, trainer.weights))
 
 
+def test_trainer_digests_keep_a_missed_change_out_of_the_store(tmp_path):
+    """With ``Sender(digests=True)`` the manifests carry the trainer's own digests and a
+    delta whose detector missed a change is refused before anything is written: the
+    version goes in full and a reader lands on the trainer's bits. Without them the
+    writer's replay of the wrong delta is what the manifest records, so ``verify_weights``
+    could not catch the miss.
+
+    Reproduction: a delta whose change sets leave out one changed element of ``b``.
+    """
+    for checked in (True, False):
+        root = tmp_path / str(checked)
+        trainer = Trainer(root)
+        trainer.sender = Sender(trainer.link, anchor_interval=20, stream_id=STREAM,
+                                digests=checked)
+        trainer.sync()
+        trainer.weights["b"][0] += 1
+        report = trainer.sender.sync(trainer.weights, version=2, changes=lambda: {
+            n: diff(t, t) for n, t in trainer.weights.items()})
+        receiver = fresh_receiver()
+        StagedReader(root, receiver, verify_weights=True).poll()
+        if checked:
+            assert (SyncKind.FULL, "anchor", True) == (report.kind, manifests(root)[-1]["kind"],
+                                                     holds(receiver, trainer.weights))
+            assert digests(trainer.weights) == manifests(root)[-1]["tensors"]
+        else:
+            assert (SyncKind.DELTA, False) == (report.kind, holds(receiver, trainer.weights))
+
+
 @given(schedule=st.lists(st.tuples(st.sampled_from([(), ("w",), ("b",), ("w", "b")]),
                                    st.booleans()), min_size=1, max_size=8),
        anchor_interval=st.integers(0, 3))

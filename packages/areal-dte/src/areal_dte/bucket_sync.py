@@ -49,6 +49,8 @@ class BucketSync:
         self._snapshot = Snapshot()
         self._pending: dict[str, torch.Tensor] = {}
         self._pending_version: int | None = None
+        self._committed: frozenset[str] | None = None
+        """Names of the last version sent; every later version must hand over the same."""
 
     def add(self, named_tensors: Sequence[tuple[str, torch.Tensor]], *, version: int) -> None:
         """Keep a host copy of one bucket of ``version``.
@@ -71,13 +73,21 @@ class BucketSync:
         """Send every tensor added for ``version`` as one version; forget them after.
 
         Raises:
-            DeltaSyncError: nothing was added for ``version``.
+            DeltaSyncError: nothing was added for ``version``, or not the same tensors as
+                for the last version sent (a walk that missed a tensor would otherwise
+                leave it stale under a delta); nothing is sent.
             SyncError: the version was not delivered, not even in full on a second try.
         """
         if version != self._pending_version or not self._pending:
             raise DeltaSyncError(f"v{version} tensors", expected="at least one bucket added",
                                  got=f"buckets of v{self._pending_version}")
         weights, self._pending, self._pending_version = self._pending, {}, None
+        if self._committed is not None and weights.keys() != self._committed:
+            missing, extra = sorted(self._committed - weights.keys()), sorted(weights.keys()
+                                                                            - self._committed)
+            raise DeltaSyncError(f"v{version} tensors",
+                                 expected=f"the {len(self._committed)} tensors sent before",
+                                 got=f"{len(weights)}, missing {missing[:3]}, new {extra[:3]}")
         try:
             report = self.sender.sync(weights, version=version, changes=lambda: {
                 name: self._snapshot.changes(name, tensor) for name, tensor in weights.items()})
@@ -88,4 +98,5 @@ class BucketSync:
                                            reason=f"{RESYNC}: {failed.detail}")
         for name, tensor in weights.items():  # add() made them: no second host copy
             self._snapshot.retain(name, tensor, copy=False)
+        self._committed = frozenset(weights)
         return report

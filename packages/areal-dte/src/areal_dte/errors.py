@@ -24,6 +24,17 @@ class MissedChangeError(ArealDteError, ValueError):
                          f"old values outside their bounds (e.g. element {example})")
 
 
+class UnknownParameterError(ArealDteError, ValueError):
+    """The optimizer holds a parameter the actor was not given as a master, so its
+    changes would never reach the rollout (e.g. one added with ``add_param_group``)."""
+
+    def __init__(self, shape: tuple[int, ...], dtype: object):
+        self.shape, self.dtype = shape, dtype
+        super().__init__(f"the optimizer holds a parameter of shape {shape} and dtype {dtype} "
+                         "that is not among the actor's masters; pass every optimizer "
+                         "parameter in masters= (build a new actor after add_param_group)")
+
+
 class MissingExtraError(ArealDteError, ImportError):
     """An adapter needs an optional package that is not installed."""
 

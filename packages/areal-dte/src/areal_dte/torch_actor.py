@@ -4,27 +4,39 @@ This is the single-process shape of what Megatron-core's mixed-precision optimiz
 an optimizer updates fp32 master weights, and after each step the masters are cast into
 the model's low-precision tensors, which are what the rollout needs. ``TorchActor`` owns
 that cast, picks the detector and drives a ``dte_transport.Sender``.
+
+The model copy is always the cast of the masters as of the last ``step`` or ``sync``.
+What a detector cannot see turns the version into a full sync with its reason, never a
+wrong delta: a loaded optimizer state, a write into a master outside the optimizer (for
+``adamw``) or into the model copy (for all methods), a step gap or a step under
+flush-to-zero (``adamw``). A full version re-casts every master first.
 """
 
 from __future__ import annotations
 
 import enum
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 import torch
 from dte_detector import CastDetector, ChangeSet, Snapshot, invert_adamw, torch_adamw_states
-from dte_detector.errors import StepGapError
+from dte_detector.errors import PrecisionError, StepGapError
+from dte_detector.torch_adamw import AdamWState, flush_to_zero
 from dte_transport import Sender, SyncReport
 from dte_transport.group import GroupSender
 
-from .errors import MissedChangeError
+from .errors import MissedChangeError, UnknownParameterError
 from .verification import check_changes
+from .version_watch import VersionWatch
 
 log = logging.getLogger(__name__)
 
 STEP_GAP = "step_gap"
 VERIFICATION_FAILED = "snapshot_verification_failed"
+OPTIMIZER_LOADED = "optimizer_state_loaded"
+MASTERS_WRITTEN = "master_written_outside_optimizer"
+MODEL_WRITTEN = "model_copy_written_outside_step"
+FLUSH_TO_ZERO = "flush_to_zero"
 
 
 class Method(enum.Enum):
@@ -42,7 +54,8 @@ class TorchActor:
     """Mixed-precision weights of a torch training loop, synced as deltas.
 
     Args:
-        masters: the fp32 parameters the optimizer updates, by name.
+        masters: the fp32 parameters the optimizer updates, by name; one parameter may
+            stand under several names (tied weights), each name gets its own copy.
         optimizer: a ``torch.optim`` optimizer over ``masters`` (AdamW for ``Method.ADAMW``).
         sender: delivers versions to the rollout side.
         method: how changes are detected.
@@ -52,6 +65,9 @@ class TorchActor:
             every delta's change sets against it before sending; a failed check is logged
             as an error and the version goes out in full with reason
             ``VERIFICATION_FAILED``.
+
+    Raises:
+        PrecisionError: ``Method.ADAMW`` over a master that is not fp32.
     """
 
     def __init__(self, masters: Mapping[str, torch.Tensor], optimizer: torch.optim.Optimizer,
@@ -62,34 +78,71 @@ class TorchActor:
         self.optimizer = optimizer
         self.sender = sender
         self.method = method
+        if method == Method.ADAMW:
+            for name, master in self.masters.items():
+                if master.dtype != torch.float32:
+                    raise PrecisionError(name, field="master", got=master.dtype)
         dtypes = dtype if isinstance(dtype, Mapping) else dict.fromkeys(self.masters, dtype)
         self.model = {name: p.detach().to(dtypes[name], copy=True)
                       for name, p in self.masters.items()}
-        self._names = {id(p): name for name, p in self.masters.items()}
+        self._names: dict[int, list[str]] = {}
+        for name, p in self.masters.items():
+            self._names.setdefault(id(p), []).append(name)
         self._cast = CastDetector()
         self._snapshot = Snapshot()
-        self._hyper: dict[str, object] = {}
+        self._stepped: dict[str, AdamWState] = {}
+        """Per tensor, its state after its last step since the last commit (ADAMW)."""
         self._synced_steps: dict[str, int] = {}
         self._verify = verify
+        self._full_reason: str | None = None
+        self._masters_seen = VersionWatch(self.masters)
+        self._model_seen = VersionWatch(self.model)
+        if method == Method.ADAMW:  # the loaded steps are not the ones the rollout has seen
+            optimizer.register_load_state_dict_post_hook(
+                lambda _: self._needs_full(OPTIMIZER_LOADED))
 
     def step(self) -> None:
-        """One optimizer step, then the cast of every master into the model copy."""
+        """One optimizer step, then the cast of every master into the model copy.
+
+        Raises:
+            UnknownParameterError: the optimizer holds a parameter that is not a master
+                (nothing was stepped).
+        """
+        self._check_parameters()
+        self._outside_writes()
+        before = {}
+        if self.method == Method.ADAMW:
+            if flush_to_zero() and any(m.device.type == "cpu" for m in self.masters.values()):
+                self._needs_full(FLUSH_TO_ZERO)
+            before = {id(p): int(s["step"]) for p, s in self.optimizer.state.items() if s}
         self.optimizer.step()
         if self.method == Method.ADAMW:
-            self._hyper = {self._names[id(s.param)]: s
-                           for s in torch_adamw_states(self.optimizer)}
-        for name, master in self.masters.items():
-            if self.method == Method.CAST:
-                self._cast.record(name, master, self.model[name])
-            self.model[name].copy_(master.detach())
+            # Only tensors whose step count moved: the others keep the lr and betas of
+            # their own last step, which a later step of other tensors must not overwrite.
+            for state in torch_adamw_states(self.optimizer):
+                if before.get(id(state.param)) != state.hyper.step:
+                    self._stepped.update(dict.fromkeys(self._names[id(state.param)], state))
+        self._recast(self.masters, record=True)
 
     def sync(self, version: int) -> SyncReport:
-        """Deliver the model copy as ``version`` and reset the detector on commit."""
-        if self.method == Method.ADAMW and self.sender.acknowledged is not None:
-            gap = self._step_gap()
+        """Deliver the model copy as ``version`` and reset the detector on commit.
+
+        Raises:
+            UnknownParameterError: the optimizer holds a parameter that is not a master.
+        """
+        self._check_parameters()
+        self._recast(self._outside_writes(), record=True)
+        if self.sender.acknowledged is not None:
+            reason = self._full_reason
+            gap = self._step_gap() if reason is None and self.method == Method.ADAMW else None
             if gap is not None:
-                log.info("v%d: %s, syncing in full", version, gap)
-                return self.sync_full(version, reason=STEP_GAP)
+                log.info("v%d: %s", version, gap)
+                reason = STEP_GAP
+            if reason is not None:
+                log.warning("v%d: %s, syncing in full", version, reason)
+                return self.sync_full(version, reason=reason)
+        if self._full_due():  # a full version carries the masters as they are now
+            self._recast(self.masters, record=False)
         try:
             report = self.sender.sync(self.model, version=version, changes=self._changes())
         except MissedChangeError as exc:
@@ -99,10 +152,47 @@ class TorchActor:
         return report
 
     def sync_full(self, version: int, *, reason: str) -> SyncReport:
-        """Deliver the model copy as ``version`` in full, for ``reason``."""
+        """Deliver the masters, cast into the model copy, as ``version`` in full."""
+        self._recast(self.masters, record=False)
         report = self.sender.sync_full(self.model, version=version, reason=reason)
         self._committed()
         return report
+
+    def _full_due(self) -> bool:
+        """The sender will send this version in full whatever the changes."""
+        sender = self.sender
+        return sender.acknowledged is None or bool(
+            sender.anchor_interval and sender.deltas_since_full >= sender.anchor_interval)
+
+    def _needs_full(self, reason: str) -> None:
+        if self._full_reason is None:
+            self._full_reason = reason
+
+    def _check_parameters(self) -> None:
+        for group in self.optimizer.param_groups:
+            for param in group["params"]:
+                if id(param) not in self._names:
+                    raise UnknownParameterError(tuple(param.shape), param.dtype)
+
+    def _outside_writes(self) -> list[str]:
+        """Note writes since the last cast; return the masters written outside the optimizer."""
+        model = self._model_seen.moved()
+        if model:  # the rollout holds what the copy held before: no detector knows that
+            self._needs_full(f"{MODEL_WRITTEN}: tensor {model[0]!r}")
+        masters = self._masters_seen.moved()
+        if masters and self.method == Method.ADAMW:  # not one AdamW step: cannot be inverted
+            self._needs_full(f"{MASTERS_WRITTEN}: tensor {masters[0]!r}")
+        return masters
+
+    def _recast(self, names: Iterable[str], *, record: bool) -> None:
+        names = list(names)
+        for name in names:
+            master = self.masters[name].detach()
+            if record and self.method == Method.CAST:
+                self._cast.record(name, master, self.model[name])
+            self.model[name].copy_(master)
+        self._masters_seen.mark(names)
+        self._model_seen.mark(names)
 
     def _changes(self) -> Callable[[], Mapping[str, ChangeSet]]:
         if not self._verify:
@@ -122,20 +212,18 @@ class TorchActor:
         return {n: self._invert(n) for n in self.model}
 
     def _invert(self, name: str) -> ChangeSet:
-        state = self._hyper.get(name)
-        if state is None:  # never stepped: unchanged since the start
+        state = self._stepped.get(name)
+        if state is None:  # no step since the last commit: unchanged
             return ChangeSet.empty(self.model[name])
         return invert_adamw(name, state.param, state.exp_avg, state.exp_avg_sq, state.hyper,
                             previous_step=self._synced_steps.get(name, 0),
                             dtype=self.model[name].dtype)
 
     def _step_gap(self) -> StepGapError | None:
-        for name in self.model:
-            state = self._hyper.get(name)
-            current = state.hyper.step if state is not None else 0
+        for name, state in self._stepped.items():
             previous = self._synced_steps.get(name, 0)
-            if current not in (previous, previous + 1):
-                return StepGapError(name, previous=previous, current=current)
+            if state.hyper.step != previous + 1:
+                return StepGapError(name, previous=previous, current=state.hyper.step)
         return None
 
     def _committed(self) -> None:
@@ -145,7 +233,9 @@ class TorchActor:
         if self.method == Method.ADAMW:
             # From the optimizer, not the last step's capture: an optimizer whose state was
             # loaded (a resumed run) has steps this object never saw.
-            self._synced_steps = {self._names[id(s.param)]: s.hyper.step
-                                  for s in torch_adamw_states(self.optimizer)}
+            self._synced_steps = {name: s.hyper.step for s in torch_adamw_states(self.optimizer)
+                                  for name in self._names[id(s.param)]}
+            self._stepped.clear()
         elif self.method == Method.CAST:
             self._cast.clear()
+        self._full_reason = None

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import itertools
 from collections import defaultdict
-from collections.abc import Mapping, MutableMapping, Sequence
+from collections.abc import Callable, Mapping, MutableMapping, Sequence
 
 import attrs
 import torch
@@ -97,9 +97,15 @@ class Prepared:
     entries: tuple[Staged, ...]
     full: bool
 
-    def write(self) -> None:
-        """Write every entry; on failure restore a delta (see the module docstring)."""
-        _write(list(self.entries), full=self.full)
+    def write(self, *, check: Callable[[], None] | None = None) -> None:
+        """Write every entry; on failure restore a delta (see the module docstring).
+
+        Args:
+            check: runs once every entry is written (e.g. a digest comparison); if it
+                raises, a delta is restored as for a failed write and the error
+                propagates unchanged.
+        """
+        _write(list(self.entries), full=self.full, check=check)
 
 
 def prepare(weights: Mapping[str, torch.Tensor], payloads: Sequence[Payload]) -> Prepared:
@@ -134,7 +140,7 @@ def check_fit(weights: Mapping[str, torch.Tensor], payloads: Sequence[Payload]) 
     return kind
 
 
-def _write(staged: list[Staged], *, full: bool) -> None:
+def _write(staged: list[Staged], *, full: bool, check: Callable[[], None] | None) -> None:
     # An entry joins the undo log before its write starts, so a write that fails halfway
     # is restored too; no_grad lets the writes reach leaf tensors that require grad.
     undo: list[tuple[Staged, torch.Tensor | None]] = []
@@ -146,13 +152,25 @@ def _write(staged: list[Staged], *, full: bool) -> None:
                 item.write()
         except Exception as exc:
             if not full:
-                for item, old in reversed(undo):
-                    item.undo(old)
+                _restore(undo)
             raise ApplyError(
                 f"writing tensor {staged[done].name!r} failed after {done} of "
                 f"{len(staged)} entries: {exc!r}; "
                 + ("the tensors now mix versions" if full else "every tensor was restored")
             ) from exc
+        if check is None:
+            return
+        try:
+            check()
+        except Exception:
+            if not full:
+                _restore(undo)
+            raise
+
+
+def _restore(undo: list[tuple[Staged, torch.Tensor | None]]) -> None:
+    for item, old in reversed(undo):
+        item.undo(old)
 
 
 def _check_same_version(payloads: Sequence[Payload]) -> Kind:

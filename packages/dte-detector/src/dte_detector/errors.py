@@ -15,6 +15,17 @@ class UnsupportedOptimizerError(DetectorError, ValueError):
         super().__init__(f"optimizer {field}: expected {expected}, got {got!r}")
 
 
+class PrecisionError(DetectorError, TypeError):
+    """The inversion met a master or moment that is not fp32: its guard band bounds the
+    round-off of fp32 arithmetic only."""
+
+    def __init__(self, tensor: str, *, field: str, got: object):
+        self.tensor, self.field, self.got = tensor, field, got
+        super().__init__(f"tensor {tensor!r}: {field} is {got}, expected torch.float32; the "
+                         "AdamW inversion's guard band holds for fp32 masters and moments only "
+                         "(use the cast or snapshot detector)")
+
+
 class StepGapError(DetectorError, ValueError):
     """The optimizer advanced by more than one step since the reference; cannot invert."""
 

@@ -45,9 +45,10 @@ was ``-0`` (a rounded sum or difference is ``-0`` only when both terms are), so
 (``m == -0`` flips the zero's sign through ``u' == +0``) and goes through the guard band,
 which reports it. Any non-finite ``p`` or ``u`` is reported with unknown bounds.
 
-Assumptions: IEEE fp32 arithmetic with round-to-nearest and no flush-to-zero in the
-optimizer; exactly one step between the reference and now (``previous_step + 1``);
-decoupled weight decay (``torch.optim.AdamW``, or ``Adam`` with
+Assumptions: fp32 masters and moments (others raise ``PrecisionError``); IEEE fp32
+arithmetic with round-to-nearest and no flush-to-zero in the optimizer (whoever runs the
+optimizer checks it with ``torch_adamw.flush_to_zero``); exactly one step between the
+reference and now (``previous_step + 1``); decoupled weight decay (``torch.optim.AdamW``, or ``Adam`` with
 ``decoupled_weight_decay=True``); no AMSGrad; the lr, betas, eps and weight decay that
 the step used. The test suite checks the bound adversarially (values placed at and next
 to rounding boundaries) against torch's for-loop, foreach and fused AdamW.
@@ -62,7 +63,7 @@ import torch
 from attrs.validators import ge, gt, lt
 
 from .changes import ChangeSet, index_dtype, int_bits, unknown_bounds
-from .errors import StepGapError
+from .errors import PrecisionError, StepGapError
 
 UNIT_ROUNDOFF = 2.0**-24
 SUBNORMAL_ROUNDING = 2.0**-150
@@ -113,8 +114,12 @@ def invert_adamw(name: str, master: torch.Tensor, exp_avg: torch.Tensor,
         guard_ulps: guard band width, see the module docstring; 0 disables it (unsound).
 
     Raises:
+        PrecisionError: the master or a moment is not fp32.
         StepGapError: more than one step since the reference.
     """
+    for field, tensor in (("master", master), ("exp_avg", exp_avg), ("exp_avg_sq", exp_avg_sq)):
+        if tensor.dtype != torch.float32:
+            raise PrecisionError(name, field=field, got=tensor.dtype)
     if hyper.step == previous_step:
         return ChangeSet.empty(master, dtype=dtype)
     if hyper.step != previous_step + 1:

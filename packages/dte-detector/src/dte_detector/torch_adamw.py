@@ -19,6 +19,17 @@ class AdamWState:
     hyper: AdamWStep
 
 
+def flush_to_zero() -> bool:
+    """Whether CPU float arithmetic on this thread flushes subnormals to zero
+    (``torch.set_flush_denormal(True)``), which the inversion's error bound excludes.
+
+    torch has no getter for the setting, so this multiplies the smallest fp32 subnormal by
+    one. CUDA kernels do not follow the setting.
+    """
+    smallest = torch.ones(1, dtype=torch.int32).view(torch.float32)
+    return bool((smallest * 1.0 == 0).item())
+
+
 def torch_adamw_states(optimizer: torch.optim.Optimizer) -> list[AdamWState]:
     """The state of every parameter that has taken at least one step.
 

@@ -20,6 +20,10 @@ class Rejection(enum.Enum):
     """Names, dtypes or shapes that do not fit the receiver's tensors."""
     APPLY_FAILED = "apply_failed"
     """A write failed; a delta was rolled back, a full sync left no valid version."""
+    DIGEST_MISMATCH = "digest_mismatch"
+    """After applying, a tensor's digest differs from the sender's digest of its own
+    weights (e.g. a detector missed a change); a delta was rolled back, after a full
+    sync the receiver holds no valid version."""
 
 
 @attrs.frozen(kw_only=True)

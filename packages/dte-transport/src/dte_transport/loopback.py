@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Protocol
 
 from .ack import Ack
@@ -9,7 +10,12 @@ from .receiver import Receiver
 
 
 class Link(Protocol):
-    """Delivers one payload to the receiving side and returns its answer."""
+    """Delivers one payload to the receiving side and returns its answer.
+
+    A link that can check the result against the sender's own weights also takes
+    ``digests`` (``dte_codec.digests`` of them, by name) and refuses a version that does
+    not match (``Loopback``, ``StagedLink``); ``Sender(digests=True)`` passes them.
+    """
 
     def send(self, data: bytes) -> Ack: ...
 
@@ -22,7 +28,7 @@ class Loopback:
         self.messages = 0
         self.bytes_sent = 0
 
-    def send(self, data: bytes) -> Ack:
+    def send(self, data: bytes, *, digests: Mapping[str, str] | None = None) -> Ack:
         self.messages += 1
         self.bytes_sent += len(data)
-        return self.receiver.receive(bytes(data))
+        return self.receiver.receive(bytes(data), digests=digests)

@@ -7,6 +7,7 @@ from collections.abc import Callable, Mapping, MutableMapping
 
 import torch
 from dte_codec import CodecError, Kind, Payload, decode
+from dte_codec.digest import digests as tensor_digests
 from dte_codec.apply import Prepared, prepare
 from dte_codec.errors import ApplyError, MismatchError
 
@@ -45,8 +46,16 @@ class Receiver:
         self.version: int | None = None
         self.stream_id: str | None = None
 
-    def receive(self, data: bytes) -> Ack:
-        """Decode, check and apply one payload; never raises for bad payloads."""
+    def receive(self, data: bytes, *, digests: Mapping[str, str] | None = None) -> Ack:
+        """Decode, check and apply one payload; never raises for bad payloads.
+
+        Args:
+            data: the payload.
+            digests: the sender's ``dte_codec.digests`` of its own weights after this
+                version, by the receiver's tensor names; when given, every named tensor
+                must match after the write, else a delta is rolled back and refused
+                (``Rejection.DIGEST_MISMATCH``).
+        """
         try:
             payload = decode(data, device=self.device)
         except CodecError as exc:
@@ -61,8 +70,13 @@ class Receiver:
                 return self._reject(Rejection.WRONG_BASE,
                                     f"delta onto version {header.base_version}, holding "
                                     f"{self.version}")
+        check = None if digests is None else lambda: self._check_digests(digests)
         try:
-            self.stage(self.weights, payload).write()
+            self.stage(self.weights, payload).write(check=check)
+        except _DigestMismatch as exc:
+            if header.kind == Kind.FULL:
+                self.version = self.stream_id = None
+            return self._reject(Rejection.DIGEST_MISMATCH, exc)
         except MismatchError as exc:
             return self._reject(Rejection.MISMATCH, exc)
         except ApplyError as exc:
@@ -76,7 +90,21 @@ class Receiver:
                   len(header.entries))
         return Ack(accepted=True, version=self.version)
 
+    def _check_digests(self, expected: Mapping[str, str]) -> None:
+        missing = sorted(expected.keys() - self.weights.keys())
+        if missing:
+            raise _DigestMismatch(f"no tensor {missing[0]!r} to compare with the sender's digest")
+        held = tensor_digests({name: self.weights[name] for name in expected})
+        differ = sorted(name for name, value in expected.items() if held[name] != value)
+        if differ:
+            raise _DigestMismatch(f"{len(differ)} tensors differ from the sender's weights after "
+                                  f"applying, e.g. {differ[0]!r}")
+
     def _reject(self, rejection: Rejection, detail: object) -> Ack:
         log.warning("rejected payload (%s): %s; staying at version %s", rejection.value, detail,
                     self.version)
         return Ack(accepted=False, version=self.version, rejection=rejection, detail=str(detail))
+
+
+class _DigestMismatch(Exception):
+    """Raised inside the write's check; becomes a ``DIGEST_MISMATCH`` rejection."""

@@ -9,7 +9,7 @@ from collections.abc import Callable, Mapping
 import attrs
 import torch
 from attrs.validators import ge
-from dte_codec import ChangeSet, encode_delta, encode_full
+from dte_codec import ChangeSet, digests, encode_delta, encode_full
 
 from .ack import Ack
 from .errors import LinkError, SyncError, VersionOrderError
@@ -38,6 +38,11 @@ class Sender:
     """Full anchor after this many committed deltas; 0 never anchors."""
     stream_id: str = attrs.field(factory=lambda: uuid.uuid4().hex, kw_only=True)
     """Identifies this sender's sequence of versions to receivers."""
+    digests: bool = attrs.field(default=False, kw_only=True)
+    """Send ``dte_codec.digests`` of the weights with every version, so that a link that
+    checks them (``Loopback``, ``StagedLink``) refuses a version whose result differs
+    from the sender's weights, e.g. a delta with a missed change (a full sync follows).
+    Costs a pass over every tensor on the host per sync."""
     acknowledged: int | None = attrs.field(default=None, init=False)
     """The version the receiver holds, as far as this sender knows."""
     deltas_since_full: int = attrs.field(default=0, init=False)
@@ -65,7 +70,7 @@ class Sender:
             data = encode_delta(weights, change_sets, stream_id=self.stream_id,
                                 base_version=base, version=version)
         with timer.phase("send"):
-            ack = self._send(data, version)
+            ack = self._send(data, version, weights)
         if not ack.accepted:
             reason = f"{DELTA_REJECTED}: {ack.rejection.value}: {ack.detail}"
             log.warning("v%d delta rejected (%s), falling back to a full sync", version, reason)
@@ -91,7 +96,7 @@ class Sender:
         with timer.phase("encode"):
             data = encode_full(weights, stream_id=self.stream_id, version=version)
         with timer.phase("send"):
-            ack = self._send(data, version)
+            ack = self._send(data, version, weights)
         if not ack.accepted:
             self.acknowledged = None
             raise SyncError(version, f"full sync rejected ({ack.rejection.value}): {ack.detail}")
@@ -102,8 +107,10 @@ class Sender:
         _log(report)
         return report
 
-    def _send(self, data: bytes, version: int) -> Ack:
+    def _send(self, data: bytes, version: int, weights: Mapping[str, torch.Tensor]) -> Ack:
         try:
+            if self.digests:
+                return self.link.send(data, digests=digests(weights))
             return self.link.send(data)
         except LinkError as exc:
             self.acknowledged = None  # the receiver may or may not hold it now

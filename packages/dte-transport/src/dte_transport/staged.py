@@ -87,8 +87,16 @@ class StagedLink:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def send(self, data: bytes) -> Ack:
+    def send(self, data: bytes, *, digests: Mapping[str, str] | None = None) -> Ack:
         """Commit ``data`` as a version of the store.
+
+        Args:
+            data: the payload.
+            digests: the sender's ``dte_codec.digests`` of its weights after this version;
+                the writer's replay must match them or the version is refused with
+                ``Rejection.DIGEST_MISMATCH`` (nothing written), and the manifest carries
+                them, so a reader's ``verify_weights`` checks against the trainer's bytes.
+                Without them the manifest carries the replay's digests.
 
         Raises:
             LinkError: a file could not be written; nothing new is visible to readers.
@@ -102,8 +110,8 @@ class StagedLink:
             return self._refuse(Rejection.BAD_PAYLOAD, exc)
         try:
             if header.kind == Kind.FULL:
-                return self._send_full(header, data)
-            return self._send_delta(header, data)
+                return self._send_full(header, data, digests)
+            return self._send_delta(header, data, digests)
         except BaseException as exc:
             self._shadow, self._digests = Receiver({}), {}
             if isinstance(exc, OSError):
@@ -111,17 +119,17 @@ class StagedLink:
                                 f"{header.payload_version} failed: {exc}") from exc
             raise
 
-    def _send_full(self, header: Header, data: bytes) -> Ack:
+    def _send_full(self, header: Header, data: bytes, expected: Mapping[str, str] | None) -> Ack:
         held = self._shadow
         kind = (StoredKind.ANCHOR if held.version is not None
                 and held.stream_id == header.stream_id else StoredKind.FULL)
         self._shadow, self._digests = Receiver({}), {}  # one model copy at a time
         shadow = Receiver({e.name: torch.empty(e.shape, dtype=e.dtype) for e in header.entries})
-        ack = shadow.receive(data)
+        ack = shadow.receive(data, digests=expected)
         if not ack.accepted:
             return ack
         tensors = shadow.weights
-        tensor_digests = digests(tensors)
+        tensor_digests = dict(expected) if expected is not None else digests(tensors)
         shards = list(_shards(tensors, self.max_file_bytes))
         files = ((_data_name(self._sequence + 1, header, kind, i, len(shards)),
                   safetensors.torch.save(shard, metadata=_metadata(header, kind)))
@@ -131,12 +139,13 @@ class StagedLink:
         self._delete(self._unreferenced(keep=[manifest]), "older than the new full version")
         return Ack(accepted=True, version=header.payload_version)
 
-    def _send_delta(self, header: Header, data: bytes) -> Ack:
-        ack = self._shadow.receive(data)
+    def _send_delta(self, header: Header, data: bytes, expected: Mapping[str, str] | None
+                    ) -> Ack:
+        ack = self._shadow.receive(data, digests=expected)
         if not ack.accepted:
             return ack
-        self._digests.update(digests({e.name: self._shadow.weights[e.name]
-                                      for e in header.entries}))
+        self._digests.update(expected if expected is not None else digests(
+            {e.name: self._shadow.weights[e.name] for e in header.entries}))
         payload = torch.frombuffer(bytearray(data), dtype=torch.uint8)
         name = _data_name(self._sequence + 1, header, StoredKind.DELTA, 0, 1)
         files = [(name, safetensors.torch.save({PAYLOAD_TENSOR: payload},
