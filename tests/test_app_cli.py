@@ -97,19 +97,34 @@ def _inputs(tmp: Path) -> list:
     a_file = tmp / "a_file"
     a_file.write_text("x")
     earlier = tmp / "earlier"
+    missing = tmp / "missing.jsonl"
+    hub_id = "Qwen/Qwen3-0.6B"
     return [
-        ("data-missing", ["--data", f"{tmp}/missing.jsonl"], f"error: --data {tmp}/missing.jsonl: no such file; fix: "),
-        ("data-folder", ["--data", str(tmp)], f"error: --data {tmp}: is a folder, not a file; fix: "),
+        ("data-missing", ["--data", str(missing)],
+         f"error: --data {missing}: no such file; fix: "),
+        ("data-folder", ["--data", str(tmp)],
+         f"error: --data {tmp}: is a folder, not a file; fix: "),
         ("data-malformed-line", ["--data", str(bad)], f"error: --data {bad}:2: not JSON ("),
-        ("data-no-answer", ["--data", str(no_number)], f"error: --data {no_number}:1: answer states no number"),
-        ("model-missing", ["--model", "/nonexistent"], "error: --model /nonexistent: no such folder; fix: "),
-        ("model-hub-offline", ["--model", "Qwen/Qwen3-0.6B"], "error: --model Qwen/Qwen3-0.6B: no such folder, and as a Hugging Face hub id it is not in the local cache and the hub is unreachable"),
-        ("model-no-config", ["--model", str(empty_model)], f"error: --model {empty_model}: {empty_model} holds no config.json"),
-        ("out-is-a-file", ["--out", str(a_file)], f"error: --out {a_file}: is a file, not a folder; fix: "),
-        ("out-earlier-run", ["--out", str(earlier)], f"error: --out {earlier}: holds an earlier run (metrics.jsonl, store, sync.png); fix: add --overwrite"),
-        ("config-missing", ["--config", f"{tmp}/none.yaml"], f"config error: config file {tmp}/none.yaml not found"),
-        ("config-unknown-key", ["actor.no_such_key=1"], "config error: actor.no_such_key=1: unknown key"),
-        ("resume-no-checkpoint", ["--resume", str(a_file.parent / "empty_model")], f"error: --resume {empty_model}: no checkpoint"),
+        ("data-no-answer", ["--data", str(no_number)],
+         f"error: --data {no_number}:1: answer states no number"),
+        ("model-missing", ["--model", "/nonexistent"],
+         "error: --model /nonexistent: no such folder; fix: "),
+        ("model-hub-offline", ["--model", hub_id],
+         f"error: --model {hub_id}: no such folder, and as a Hugging Face hub id it is not in "
+         f"the local cache and the hub is unreachable"),
+        ("model-no-config", ["--model", str(empty_model)],
+         f"error: --model {empty_model}: {empty_model} holds no config.json"),
+        ("out-is-a-file", ["--out", str(a_file)],
+         f"error: --out {a_file}: is a file, not a folder; fix: "),
+        ("out-earlier-run", ["--out", str(earlier)],
+         f"error: --out {earlier}: holds an earlier run (metrics.jsonl, store, sync.png); "
+         f"fix: add --overwrite"),
+        ("config-missing", ["--config", f"{tmp}/none.yaml"],
+         f"config error: config file {tmp}/none.yaml not found"),
+        ("config-unknown-key", ["actor.no_such_key=1"],
+         "config error: actor.no_such_key=1: unknown key"),
+        ("resume-no-checkpoint", ["--resume", str(empty_model)],
+         f"error: --resume {empty_model}: no checkpoint"),
         ("cluster-no-scheduler", ["--config", str(CLUSTER)], "error: scheduler.type=None: "),
     ]
 
