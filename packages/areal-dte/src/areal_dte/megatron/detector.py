@@ -1,0 +1,202 @@
+"""Exact change sets inside a megatron-core optimizer: cast dirty bits or AdamW inversion.
+
+``attach(optimizer, model, method=...)`` hooks every inner optimizer of a megatron-core
+``DistributedOptimizer`` (or ``ChainedOptimizer`` of them, or the non-distributed
+mixed-precision optimizer) at instance level, copying no Megatron code:
+
+- ``Method.CAST`` wraps ``_copy_main_params_to_model_params``: right before Megatron
+  copies each fp32 main shard into its bf16 model param, ``dte_detector.CastDetector``
+  compares the cast with the current bf16 values (dirty bits accumulate over any number
+  of steps until ``commit``);
+- ``Method.ADAMW`` registers step hooks on the inner torch optimizer (public
+  ``register_step_pre_hook``/``register_step_post_hook``): each main shard's state is
+  recorded when its step count moved, with the lr, betas and weight decay of that step;
+  ``collect`` inverts one step per shard with ``dte_detector.invert_adamw``.
+
+Both give, per model param of this rank (a Megatron TP/PP/EP shard), flat indices into
+the param. The contract is the torch actor's: what a detector cannot vouch for sets
+``full_reason`` (the first sync after attaching, ``reload_model_params``, a loaded
+optimizer state, a model param written outside Megatron's copy (version counters: e.g.
+``load_state_dict`` of the model), a step gap for ``adamw``); setups whose copies the
+hooks cannot see are refused at attach time.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+
+import torch
+from dte_detector import CastDetector, ChangeSet, invert_adamw, torch_adamw_states
+from dte_detector.changes import index_dtype
+from dte_detector.torch_adamw import AdamWState
+
+from ..errors import DeltaSyncError, UnsupportedModelError
+from ..torch_actor import Method
+from ..version_watch import VersionWatch
+from .shards import MainShard, inner_optimizers, main_shards, param_names
+
+log = logging.getLogger(__name__)
+
+ATTACHED = "detector_attached"
+RELOADED = "reload_model_params"
+OPTIMIZER_LOADED = "optimizer_state_loaded"
+MODEL_WRITTEN = "model_param_written_outside_optimizer"
+STEP_GAP = "step_gap"
+
+
+class MegatronChanges:
+    """Change sets of one rank's model params since the last commit (see the module doc).
+
+    Build it with `attach`. After the optimizer steps: ``full_reason`` (None, or why this
+    version must be full), ``collect()`` for a delta, ``commit()`` once the version was
+    acknowledged.
+    """
+
+    def __init__(self, inners: Sequence[object], shards: Sequence[MainShard], method: Method):
+        self.method = method
+        self._shards = {s.name: s for s in shards}
+        self._by_main = {id(s.main): s.name for s in shards}
+        self._params = VersionWatch({s.name: s.param for s in shards})
+        self._cast = CastDetector()
+        self._stepped: dict[str, AdamWState] = {}
+        self._synced: dict[str, int] = {}
+        self._reason: str | None = ATTACHED
+        self._torch_optimizers = [inner.optimizer for inner in inners]
+        for inner in inners:
+            self._hook(inner)
+
+    @property
+    def full_reason(self) -> str | None:
+        """Why the next version must be full, or None when ``collect`` is exact."""
+        moved = self._params.moved()
+        if moved and self._reason is None:
+            self._reason = f"{MODEL_WRITTEN}: {moved[0]!r}"
+        if self._reason is None and self.method == Method.ADAMW:
+            gap = next((n for n, s in self._stepped.items()
+                        if s.hyper.step != self._synced.get(n, 0) + 1), None)
+            if gap is not None:
+                return f"{STEP_GAP}: {gap!r}"
+        return self._reason
+
+    def collect(self) -> dict[str, ChangeSet]:
+        """Per model param of this rank, its changed elements as flat indices.
+
+        Raises:
+            DeltaSyncError: ``full_reason`` is set (nothing here vouches for a delta).
+        """
+        reason = self.full_reason
+        if reason is not None:
+            raise DeltaSyncError("megatron change sets", expected="no reason for a full sync",
+                                 got=reason)
+        return {name: self._changes(shard) for name, shard in self._shards.items()}
+
+    def commit(self) -> None:
+        """The version was delivered: start a new interval from the current params."""
+        self._cast.clear()
+        self._stepped.clear()
+        if self.method == Method.ADAMW:  # from the optimizer: a loaded state has its own steps
+            self._synced = {self._by_main[id(s.param)]: s.hyper.step
+                            for opt in self._torch_optimizers for s in torch_adamw_states(opt)
+                            if id(s.param) in self._by_main}
+        self._params.mark()
+        self._reason = None
+
+    def _changes(self, shard: MainShard) -> ChangeSet:
+        if self.method == Method.CAST:
+            found = self._cast.changes(shard.name, shard.model)
+        else:
+            state = self._stepped.get(shard.name)
+            if state is None:
+                found = ChangeSet.empty(shard.model)
+            else:
+                found = invert_adamw(shard.name, state.param, state.exp_avg, state.exp_avg_sq,
+                                     state.hyper, previous_step=self._synced.get(shard.name, 0),
+                                     dtype=shard.param.dtype)
+        dtype = index_dtype(shard.param.numel())
+        return ChangeSet((found.indices.to(torch.int64) + shard.start).to(dtype),
+                         found.base_low, found.base_high)
+
+    def _hook(self, inner: object) -> None:
+        stepped_here = {id(p) for g in inner.optimizer.param_groups for p in g["params"]}
+        shards = [s for s in self._shards.values() if id(s.main) in stepped_here]
+        _wrap(inner, "reload_model_params", lambda: self._needs_full(RELOADED))
+        _wrap(inner, "load_state_dict", lambda: self._needs_full(OPTIMIZER_LOADED))
+        if self.method == Method.CAST:
+            _wrap(inner, "_copy_main_params_to_model_params", lambda: self._record(shards),
+                  before=True)
+            return
+        before: dict[int, int] = {}
+
+        def pre(optimizer, *_):
+            before.clear()
+            before.update({id(p): int(s["step"]) for p, s in optimizer.state.items() if s})
+
+        def post(optimizer, *_):
+            for state in torch_adamw_states(optimizer):
+                name = self._by_main.get(id(state.param))
+                if name is not None and before.get(id(state.param)) != state.hyper.step:
+                    self._stepped[name] = state
+        inner.optimizer.register_step_pre_hook(pre)
+        inner.optimizer.register_step_post_hook(post)
+
+    def _record(self, shards: Sequence[MainShard]) -> None:
+        for shard in shards:
+            self._cast.record(shard.name, shard.main.detach(), shard.model)
+
+    def _needs_full(self, reason: str) -> None:
+        if self._reason is None:
+            self._reason = reason
+
+
+def attach(optimizer: object, model: torch.nn.Module | Sequence[torch.nn.Module], *,
+           method: Method) -> MegatronChanges:
+    """Hook ``method``'s detector into a megatron-core optimizer built over ``model``.
+
+    Raises:
+        UnsupportedModelError: ``Method.SNAPSHOT`` (keep a ``dte_detector.Snapshot``
+            instead); an optimizer without the tested megatron-core structures; a setup
+            whose copies the hooks cannot see (precision-aware optimizer, fp8 params,
+            Megatron-FSDP, ``overlap_param_gather``); data-parallel size above 1 (the
+            union of the ranks' change sets is not built yet).
+    """
+    if method == Method.SNAPSHOT:
+        raise UnsupportedModelError("method", expected="adamw or cast", got="snapshot")
+    names = param_names(model)
+    inners = [i for i in inner_optimizers(optimizer) if not getattr(i, "is_stub_optimizer", False)]
+    for inner in inners:
+        _check_setup(inner)
+    shards = [s for inner in inners for s in main_shards(inner, names)]
+    return MegatronChanges(inners, shards, method)
+
+
+def _check_setup(inner: object) -> None:
+    config, ddp = getattr(inner, "config", None), getattr(inner, "ddp_config", None)
+    refused = {
+        "use_precision_aware_optimizer": getattr(config, "use_precision_aware_optimizer", False),
+        "fp8_param_gather": getattr(config, "fp8_param_gather", False),
+        "use_megatron_fsdp": getattr(ddp, "use_megatron_fsdp", False),
+        "overlap_param_gather": getattr(ddp, "overlap_param_gather", False),
+    }
+    for key, on in refused.items():
+        if on:
+            raise UnsupportedModelError(key, expected=False, got=True)
+    group = getattr(inner, "data_parallel_group", None)
+    if group is not None and torch.distributed.get_world_size(group) > 1:
+        raise UnsupportedModelError("data-parallel size", expected=1,
+                                    got=torch.distributed.get_world_size(group))
+
+
+def _wrap(obj: object, method: str, call: Callable[[], None], *, before: bool = False) -> None:
+    """Run ``call`` after (or before) ``obj.method`` on this instance only."""
+    original = getattr(obj, method)
+
+    def wrapped(*args, **kwargs):
+        if before:
+            call()
+        result = original(*args, **kwargs)
+        if not before:
+            call()
+        return result
+    setattr(obj, method, wrapped)
+
