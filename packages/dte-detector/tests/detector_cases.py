@@ -139,17 +139,17 @@ class SteppedCase:
     param: torch.nn.Parameter
 
 
-def run_case(case: AdamWCase) -> SteppedCase:
+def run_case(case: AdamWCase, *, device: str = "cpu") -> SteppedCase:
     """Run the warm-up steps, set the masters to ``case.master``, run the checked step."""
-    param = torch.nn.Parameter(case.master.clone())
+    param = torch.nn.Parameter(case.master.to(device, copy=True))
     optimizer = case.optimizer(param)
     for grad in case.grads[:-1]:
-        param.grad = grad.clone()
+        param.grad = grad.to(device, copy=True)
         optimizer.step()
     with torch.no_grad():
         param.copy_(case.master)
     old = param.detach().to(case.dtype).clone()
-    param.grad = case.grads[-1].clone()
+    param.grad = case.grads[-1].to(device, copy=True)
     optimizer.step()
     return SteppedCase(old, param.detach().to(case.dtype).clone(), optimizer, param)
 

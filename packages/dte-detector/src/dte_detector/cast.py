@@ -9,13 +9,19 @@ optimizer until ``clear``. The value an element had when it first turned dirty i
 receiver's base, so it is kept too (O(changed) memory), which makes the change sets exact:
 bases are exact, and the only elements reported without a bit change are those that
 changed and came back since the clear, and NaN over NaN.
+
+``record_and_copy`` is ``record`` followed by ``model.copy_(master)``, the compare-and-copy
+that a trainer's master -> model cast hook needs; on CUDA with a 16-bit contiguous model
+both run fused in one pass (``cast_kernel.py``, see ``dispatch``), bit for bit the same.
 """
 
 from __future__ import annotations
 
 import torch
 
+from . import dispatch
 from .changes import ChangeSet, index_dtype, int_bits
+
 
 def _pack(mask: torch.Tensor) -> torch.Tensor:
     """A flat bool tensor as bits, LSB first (uint8 arithmetic: 1 byte of scratch per bit)."""
@@ -36,9 +42,44 @@ class CastDetector:
     def __init__(self) -> None:
         self._dirty: dict[str, torch.Tensor] = {}
         self._first_seen: dict[str, list[tuple[torch.Tensor, torch.Tensor]]] = {}
+        self._workspace = None
 
     def record(self, name: str, master: torch.Tensor, model: torch.Tensor) -> None:
         """Mark what the coming ``model.copy_(master)`` will change; call it before the copy."""
+        if self._fused(master, model):
+            self._record_fused(name, master, model, copy=False)
+        else:
+            self._record(name, master, model)
+
+    def record_and_copy(self, name: str, master: torch.Tensor, model: torch.Tensor) -> None:
+        """``record`` then ``model.copy_(master)``: one pass on CUDA, the two calls elsewhere."""
+        if self._fused(master, model):
+            self._record_fused(name, master, model, copy=True)
+        else:
+            self._record(name, master, model)
+            model.copy_(master)
+
+    @staticmethod
+    def _fused(master: torch.Tensor, model: torch.Tensor) -> bool:
+        return (master.dtype == torch.float32 and model.is_contiguous() and model.numel() > 0
+                and master.numel() == model.numel() and master.device == model.device
+                and dispatch.kernels_for(master, model, payload=model.dtype))
+
+    def _record_fused(self, name: str, master: torch.Tensor, model: torch.Tensor, *,
+                      copy: bool) -> None:
+        from .cast_kernel import record_flat
+
+        dirty = self._dirty.get(name)
+        if dirty is None:
+            dirty = torch.zeros(-(-model.numel() // 8), dtype=torch.uint8, device=model.device)
+            self._dirty[name] = dirty
+        self._workspace, fresh, old = record_flat(
+            self._workspace, dirty, master.detach().reshape(-1), model.detach().view(-1),
+            copy=copy)
+        if fresh.numel():
+            self._first_seen.setdefault(name, []).append((fresh, old))
+
+    def _record(self, name: str, master: torch.Tensor, model: torch.Tensor) -> None:
         flat = model.detach().reshape(-1)
         cast = master.detach().reshape(-1).to(model.dtype)
         # The NaN pattern a cast writes depends on torch's kernel path (bf16: 0x7FC0 from the
@@ -48,7 +89,8 @@ class CastDetector:
         before = torch.zeros_like(flips) if dirty is None else _unpack(dirty, flips.numel())
         fresh = torch.nonzero(flips & ~before).view(-1)
         if fresh.numel():
-            self._first_seen.setdefault(name, []).append((fresh, flat[fresh].clone()))
+            self._first_seen.setdefault(name, []).append(
+                (fresh.to(index_dtype(flat.numel())), flat[fresh].clone()))
         self._dirty[name] = _pack(before | flips)
 
     def changes(self, name: str, model: torch.Tensor) -> ChangeSet:

@@ -29,7 +29,10 @@ arithmetic and ours round. With ``eps32 = 2**-24`` (fp32 unit roundoff), ``eta =
 * our ``p + u`` and ``/ c`` round once each: <= 2 eps32 A / c, plus eta each.
 
 Summing, ``|p0 - e| <= (11 eps32 A + 3 eta + kappa |u| + mu) / c``; the bounds ``e -+ g``
-are themselves rounded once more (one eps32). The default guard
+are themselves rounded once more (one eps32). On CUDA, torch divides a tensor by a Python
+scalar as a multiplication by the scalar's fp32 reciprocal (``BinaryDivTrueKernel.cu``),
+which adds one rounding to ``d`` (so to ``u``) and one to ``e``: 13 eps32 A there, 14 with
+the bounds' rounding; the fused kernels (``inversion_kernel.py``) do the same arithmetic. The default guard
 ``g = (16 (eps32 A + eta + mu) + 2 kappa |u|) / c`` covers this with margin. If both
 ``cast(e - g)`` and ``cast(e + g)`` equal ``cast(p)`` bit for bit then, the cast being
 monotone, so does ``cast(p0)``: unchanged. Everything else is reported, so
@@ -62,6 +65,7 @@ import attrs
 import torch
 from attrs.validators import ge, gt, lt
 
+from . import dispatch
 from .changes import ChangeSet, index_dtype, int_bits, unknown_bounds
 from .errors import PrecisionError, StepGapError
 
@@ -125,6 +129,9 @@ def invert_adamw(name: str, master: torch.Tensor, exp_avg: torch.Tensor,
     if hyper.step != previous_step + 1:
         raise StepGapError(name, previous=previous_step, current=hyper.step)
     flat = [t.detach().reshape(-1) for t in (master, exp_avg, exp_avg_sq)]
+    if master.numel() and dispatch.kernels_for(*flat, payload=dtype):
+        from .inversion_kernel import invert_flat
+        return invert_flat(*flat, hyper, dtype=dtype, guard_ulps=guard_ulps)
     parts = [_invert_chunk(*(t[s:s + CHUNK] for t in flat), hyper, dtype, guard_ulps)
              for s in range(0, master.numel(), CHUNK)]
     if not parts:
@@ -145,6 +152,11 @@ def bias_correction_error(h: AdamWStep) -> float:
         return (h.step + 2) * UNIT_ROUNDOFF * power / (1 - power) if power else 0.0
 
     return rho(h.beta1) + rho(h.beta2) / 2
+
+
+def decay_factor(h: AdamWStep) -> float:
+    """``c = 1 - lr * wd`` rounded to fp32, as the optimizer's kernels hold it."""
+    return float(torch.tensor(1 - h.lr * h.weight_decay, dtype=torch.float32))
 
 
 def _corrections(h: AdamWStep) -> tuple[float, float]:
@@ -169,10 +181,34 @@ def estimate_previous(p: torch.Tensor, m: torch.Tensor, v: torch.Tensor, h: Adam
                       ) -> Estimate:
     """Recompute the step's update from its post-step state and undo it."""
     bc1, bc2 = _corrections(h)
-    c = float(torch.tensor(1 - h.lr * h.weight_decay, dtype=torch.float32))
+    c = decay_factor(h)
     d = v.sqrt() / math.sqrt(bc2) + h.eps
     u = m / d * (h.lr / bc1)
     return Estimate((p + u) / c, u, c, d)
+
+
+@attrs.frozen
+class GuardScalars:
+    """The Python scalars of ``guard_band``, in the order it applies them (the kernels
+    apply the same ones, rounded to fp32 as torch rounds a scalar operand)."""
+
+    relative: float
+    """Times ``|p| + |u|``."""
+    bias: float
+    """Times ``|u|``: the bias corrections' error ``kappa``."""
+    floor: float
+    """Added: the subnormal roundings ``eta``."""
+    underflow: float
+    """Times ``1 / d``, then times ``_HALF_ETA``: ``mu``."""
+
+
+def guard_scalars(h: AdamWStep, c: float, guard_ulps: float) -> GuardScalars:
+    """The guard band's scalars for the step ``h`` with decay factor ``c``."""
+    bc1, _ = _corrections(h)
+    return GuardScalars(relative=guard_ulps * UNIT_ROUNDOFF / c,
+                        bias=guard_ulps / GUARD_ULPS * 2 * bias_correction_error(h) / c,
+                        floor=guard_ulps * SUBNORMAL_ROUNDING / c,
+                        underflow=guard_ulps / c / bc1 * _HALF_ETA)
 
 
 def guard_band(p: torch.Tensor, estimate: Estimate, h: AdamWStep, *,
@@ -182,12 +218,12 @@ def guard_band(p: torch.Tensor, estimate: Estimate, h: AdamWStep, *,
     The last term is ``mu``, an underflow inside the forward's update amplified by its
     divisions; eta = 2**-150 is below fp32's range, so it is applied as two 2**-75.
     """
-    u, c = estimate.update.abs(), estimate.decay
-    guard = (p.abs() + u) * (guard_ulps * UNIT_ROUNDOFF / c)
-    guard += u * (guard_ulps / GUARD_ULPS * 2 * bias_correction_error(h) / c)
-    guard += guard_ulps * SUBNORMAL_ROUNDING / c
-    bc1, _ = _corrections(h)
-    mu = estimate.denominator.reciprocal() * (guard_ulps / c / bc1 * _HALF_ETA) * _HALF_ETA
+    u = estimate.update.abs()
+    scalars = guard_scalars(h, estimate.decay, guard_ulps)
+    guard = (p.abs() + u) * scalars.relative
+    guard += u * scalars.bias
+    guard += scalars.floor
+    mu = estimate.denominator.reciprocal() * scalars.underflow * _HALF_ETA
     return guard + mu
 
 
