@@ -105,6 +105,21 @@ def test_inversion_kernel_is_the_reference_at_scale(lr, weight_decay, impl):
         assert 0 == (~torch.isin(truth.indices, actual.indices)).sum().item()
 
 
+@pytest.mark.parametrize("slab_fraction", [1, 8, 4096])
+def test_inversion_kernel_stages_or_recomputes_the_same_bounds(monkeypatch, slab_fraction):
+    """Slabs that hold every element of a tile, the default eighth, or one element (so
+    that nearly every tensor takes the dense path): the same change set."""
+    from dte_detector import inversion_kernel
+
+    monkeypatch.setattr(inversion_kernel, "SLAB_FRACTION", slab_fraction)
+    state, _ = _large_state(3e-6, 0.003, {"fused": True}, seed=11)
+    args = ("w", state.param, state.exp_avg, state.exp_avg_sq, state.hyper)
+    with reference():
+        expected = invert_adamw(*args, previous_step=state.hyper.step - 1, dtype=torch.bfloat16)
+    _assert_same(expected, invert_adamw(*args, previous_step=state.hyper.step - 1,
+                                        dtype=torch.bfloat16))
+
+
 def _specials() -> tuple[torch.Tensor, ...]:
     """Masters and moments for the exact cases and the non-finite paths, including an
     overflowing ``p + u`` whose bounds are NaN casts."""
