@@ -4,10 +4,10 @@
 ``DistributedOptimizer`` (or ``ChainedOptimizer`` of them, or the non-distributed
 mixed-precision optimizer) at instance level, copying no Megatron code:
 
-- ``Method.CAST`` wraps ``_copy_main_params_to_model_params``: right before Megatron
-  copies each fp32 main shard into its bf16 model param, ``dte_detector.CastDetector``
-  compares the cast with the current bf16 values (dirty bits accumulate over any number
-  of steps until ``commit``);
+- ``Method.CAST`` replaces ``_copy_main_params_to_model_params`` with the same copies
+  of every fp32 main shard into its bf16 model param range, each fused with the compare
+  of the cast against the current bf16 values (``CastDetector.record_and_copy``: one
+  Triton pass on CUDA); dirty bits accumulate over any number of steps until ``commit``;
 - ``Method.ADAMW`` registers step hooks on the inner torch optimizer (public
   ``register_step_pre_hook``/``register_step_post_hook``): each main shard's state is
   recorded when its step count moved, with the lr, betas and weight decay of that step;
@@ -123,8 +123,9 @@ class MegatronChanges:
         _wrap(inner, "reload_model_params", lambda: self._needs_full(RELOADED))
         _wrap(inner, "load_state_dict", lambda: self._needs_full(OPTIMIZER_LOADED))
         if self.method == Method.CAST:
-            _wrap(inner, "_copy_main_params_to_model_params", lambda: self._record(shards),
-                  before=True)
+            # Replaces Megatron's copy with the same copies fused with the compare (one
+            # pass on CUDA); the setups where Megatron's copy does more are refused.
+            inner._copy_main_params_to_model_params = lambda: self._compare_and_copy(shards)
             return
         before: dict[int, int] = {}
 
@@ -140,9 +141,10 @@ class MegatronChanges:
         inner.optimizer.register_step_pre_hook(pre)
         inner.optimizer.register_step_post_hook(post)
 
-    def _record(self, shards: Sequence[MainShard]) -> None:
+    @torch.no_grad()
+    def _compare_and_copy(self, shards: Sequence[MainShard]) -> None:
         for shard in shards:
-            self._cast.record(shard.name, shard.main.detach(), shard.model)
+            self._cast.record_and_copy(shard.name, shard.main.detach(), shard.model)
 
     def _needs_full(self, reason: str) -> None:
         if self._reason is None:
@@ -187,16 +189,13 @@ def _check_setup(inner: object) -> None:
                                     got=torch.distributed.get_world_size(group))
 
 
-def _wrap(obj: object, method: str, call: Callable[[], None], *, before: bool = False) -> None:
-    """Run ``call`` after (or before) ``obj.method`` on this instance only."""
+def _wrap(obj: object, method: str, call: Callable[[], None]) -> None:
+    """Run ``call`` after ``obj.method`` on this instance only."""
     original = getattr(obj, method)
 
     def wrapped(*args, **kwargs):
-        if before:
-            call()
         result = original(*args, **kwargs)
-        if not before:
-            call()
+        call()
         return result
     setattr(obj, method, wrapped)
 
