@@ -2,7 +2,8 @@
 
 Two phases. Staging checks the payloads against the receiver (names, dtypes, shapes,
 entries that overlap, coverage of a full version), gathers the current values at the
-changed indices and resolves the new values; nothing is written yet, so any
+changed indices and resolves the new values (every residue entry of a device at once,
+``flat_values``); nothing is written yet, so any
 ``CodecError`` there leaves the tensors untouched. Writing goes entry by entry and keeps
 what each entry overwrites as an undo log, O(changed) for sparse entries; if a write
 fails, every touched tensor is restored before the error propagates. Dense and box
@@ -25,7 +26,8 @@ import torch
 
 from .decode import Payload
 from .errors import ApplyError, MismatchError
-from .header import Entry, Kind
+from .flat_values import resolve_residues
+from .header import Entry, Kind, ValueEncoding
 from .region import Box
 from .values import decode_values
 
@@ -111,11 +113,34 @@ class Prepared:
 def prepare(weights: Mapping[str, torch.Tensor], payloads: Sequence[Payload]) -> Prepared:
     """Stage the payloads of one version (every check of ``apply_all``, no write)."""
     kind = check_fit(weights, payloads)
-    staged = [_stage(weights[entry.name], entry, where, sections, kind)
-              for payload in payloads
-              for entry, where, sections in zip(payload.header.entries, payload.indices,
-                                                payload.values)]
+    items = [(weights[entry.name], entry, where, sections)
+             for payload in payloads
+             for entry, where, sections in zip(payload.header.entries, payload.indices,
+                                               payload.values)]
+    resolved = _resolve_all(items)
+    if resolved is None:  # a residue that does not resolve: the reference raises its error
+        resolved = {}
+    staged = [_stage(*item, kind, resolved.get(k)) for k, item in enumerate(items)]
     return Prepared(tuple(staged), kind == Kind.FULL)
+
+
+def _resolve_all(items: list[tuple[torch.Tensor, Entry, torch.Tensor | Box,
+                                   tuple[torch.Tensor, ...]]]) -> dict[int, torch.Tensor] | None:
+    """New values of every residue entry, resolved together (``flat_values``) per device
+    with one host synchronization each; None when one does not resolve."""
+    groups: dict[torch.device, list[int]] = defaultdict(list)
+    for k, (target, entry, _, _) in enumerate(items):
+        if entry.value_encoding == ValueEncoding.RESIDUE:
+            groups[target.device].append(k)
+    resolved = {}
+    for device, ks in groups.items():
+        bases = [items[k][0].view(-1).index_select(0, items[k][2].to(device)) for k in ks]
+        values, failures = resolve_residues([items[k][1] for k in ks],
+                                            [items[k][3] for k in ks], bases)
+        if int(failures):
+            return None
+        resolved.update(zip(ks, values))
+    return resolved
 
 
 def check_fit(weights: Mapping[str, torch.Tensor], payloads: Sequence[Payload]) -> Kind:
@@ -198,13 +223,14 @@ def _check_target(weights: Mapping[str, torch.Tensor], entry: Entry) -> None:
 
 
 def _stage(target: torch.Tensor, entry: Entry, where: torch.Tensor | Box,
-           sections: tuple[torch.Tensor, ...], kind: Kind) -> Staged:
-    sections = tuple(s.to(target.device) for s in sections)
+           sections: tuple[torch.Tensor, ...], kind: Kind, new: torch.Tensor | None) -> Staged:
     if isinstance(where, Box):
-        new = sections[0].view(entry.dtype).view(where.size)
+        new = sections[0].to(target.device).view(entry.dtype).view(where.size)
         return Staged(entry.name, target, where, new, keep_undo=kind == Kind.DELTA)
     where = where.to(target.device)
-    new = decode_values(entry, sections, target.view(-1)[where])
+    if new is None:
+        sections = tuple(s.to(target.device) for s in sections)
+        new = decode_values(entry, sections, target.view(-1)[where])
     return Staged(entry.name, target, where, new, keep_undo=True)
 
 

@@ -69,3 +69,21 @@ def from_order_keys(keys: torch.Tensor, width: int) -> torch.Tensor:
     top = 1 << (width - 1)
     upper_half = (keys & top) != 0
     return torch.where(upper_half, keys ^ top, keys ^ mask)
+
+
+def width_mask(width: torch.Tensor) -> torch.Tensor:
+    """``2**width - 1`` per element for int64 widths 0..64 (all ones for 64)."""
+    ones = torch.ones_like(width)
+    return torch.where(width >= 64, -ones, (ones << width.clamp(max=63)) - 1)
+
+
+def order_keys_by_width(bits: torch.Tensor, width: torch.Tensor) -> torch.Tensor:
+    """``order_keys`` of unsigned int64 patterns with a width (1..63) per element."""
+    top = torch.ones_like(width) << (width - 1)
+    return torch.where((bits & top) != 0, bits ^ width_mask(width), bits | top)
+
+
+def from_order_keys_by_width(keys: torch.Tensor, width: torch.Tensor) -> torch.Tensor:
+    """Inverse of ``order_keys_by_width``."""
+    top = torch.ones_like(width) << (width - 1)
+    return torch.where((keys & top) != 0, keys ^ top, keys ^ width_mask(width))

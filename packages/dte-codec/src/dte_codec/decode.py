@@ -10,6 +10,8 @@ import attrs
 import torch
 
 from .errors import EntryError
+from .fields import WORD_BYTES
+from .flat_decode import SPARSE, decode_indices_flat
 from .header import Entry, Header, IndexEncoding, align
 from .indices import decode_indices
 from .region import Box
@@ -41,14 +43,43 @@ def decode(data: bytes | bytearray | memoryview, *, device: str | torch.device =
         HeaderError: truncated or inconsistent header fields.
         DigestError: the bytes do not match the header's digest.
         EntryError: invalid indices or escape positions inside an entry.
+
+    All sparse entries' indices are decoded together (``flat_decode``): a fixed number
+    of device passes and one host synchronization (plus the body's copy to ``device``).
     """
     view = memoryview(data).cast("B")
     header, offset = Header.unpack(view)
     body = _body(view[offset:], device)
+    sections = _split(header, body)
+    flat = decode_indices_flat(header.entries, body)
+    try:
+        regions = [None if entry.index_encoding in SPARSE else _region(entry, entry_sections)
+                   for entry, entry_sections in zip(header.entries, sections)]
+    except EntryError:
+        regions = None
+    if regions is None or not flat.valid():  # the one host synchronization
+        return _per_entry(header, sections)
+    found = iter(flat.indices)
+    indices = [next(found) if region is None else region for region in regions]
+    values = [s[len(e.index_sections()):] for e, s in zip(header.entries, sections)]
+    return Payload(header=header, indices=tuple(indices), values=tuple(values))
+
+
+def decode_per_entry(data: bytes | bytearray | memoryview, *,
+                     device: str | torch.device = "cpu") -> Payload:
+    """``decode`` entry by entry: the reference the batched decoder matches, and the path
+    that raises the first failed check in ``FORMAT.md``'s order."""
+    view = memoryview(data).cast("B")
+    header, offset = Header.unpack(view)
+    body = _body(view[offset:], device)
+    return _per_entry(header, _split(header, body))
+
+
+def _per_entry(header: Header, sections: list[tuple[torch.Tensor, ...]]) -> Payload:
     indices, values = [], []
-    for entry, sections in zip(header.entries, _split(header, body)):
+    for entry, entry_sections in zip(header.entries, sections):
         n_index = len(entry.index_sections())
-        index_sections, value_sections = sections[:n_index], sections[n_index:]
+        index_sections, value_sections = entry_sections[:n_index], entry_sections[n_index:]
         check_escapes(entry, value_sections)
         indices.append(_region(entry, index_sections))
         values.append(value_sections)
@@ -70,7 +101,10 @@ def _region(entry: Entry, sections: tuple[torch.Tensor, ...]) -> torch.Tensor | 
 def _body(raw: memoryview, device: str | torch.device) -> torch.Tensor:
     if len(raw) == 0:
         return torch.empty(0, dtype=torch.uint8, device=device)
-    return torch.frombuffer(bytearray(raw), dtype=torch.uint8).to(device)
+    body = torch.frombuffer(bytearray(raw), dtype=torch.uint8)
+    if body.data_ptr() % WORD_BYTES:  # the flat decoder reads the body as int64 words
+        body = body.clone()
+    return body.to(device)
 
 
 def _split(header: Header, body: torch.Tensor) -> list[tuple[torch.Tensor, ...]]:

@@ -229,12 +229,16 @@ class Header:
         return _Reader(data).header()
 
 
-def payload_digest(data: bytes | bytearray | memoryview) -> int:
-    """xxh3-64 of a whole payload, with its own digest field read as zero."""
+def payload_digest(data: bytes | bytearray | memoryview,
+                   *rest: bytes | bytearray | memoryview) -> int:
+    """xxh3-64 of a whole payload, with its own digest field read as zero; the payload
+    may come in pieces (``data`` holding the prelude, then ``rest``)."""
     hasher = xxhash.xxh3_64()
     hasher.update(data[:DIGEST_OFFSET])
     hasher.update(bytes(8))
     hasher.update(data[DIGEST_OFFSET + 8:])
+    for chunk in rest:
+        hasher.update(chunk)
     return hasher.intdigest()
 
 

@@ -9,7 +9,7 @@ another layout) builds the entries itself: ``box_part`` for a dense region,
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 import attrs
 import torch
@@ -80,28 +80,62 @@ def assemble(parts: Iterable[Part], *, stream_id: str, kind: Kind, base_version:
              version: int) -> bytes:
     """Header, body and digest of a payload made of ``parts``.
 
+    The sections are laid out in one buffer on their device and copied to the host once.
+
     Raises:
         EncodeError: header fields the format cannot carry (versions, stream id).
     """
     parts = list(parts)
+    header = checked_header([p.entry for p in parts], stream_id=stream_id, kind=kind,
+                            base_version=base_version, version=version)
+    return seal(header, _body([s for part in parts for s in part.sections]))
+
+
+def checked_header(entries: Sequence[Entry], *, stream_id: str, kind: Kind, base_version: int,
+                   version: int) -> Header:
+    """The header of a payload with these entries, validated.
+
+    Raises:
+        EncodeError: header fields the format cannot carry (versions, stream id).
+    """
     header = Header(stream_id=stream_id, kind=kind, base_version=base_version,
-                    payload_version=version, entries=tuple(p.entry for p in parts))
+                    payload_version=version, entries=tuple(entries))
     try:
         header.validate()
     except HeaderError as exc:
         raise EncodeError(exc.field, expected=exc.expected, got=exc.got, tensor=exc.tensor) from exc
+    return header
+
+
+def seal(header: Header, body: torch.Tensor) -> bytes:
+    """Payload bytes: ``header``, then ``body`` (uint8, any device), with the digest set.
+
+    The body crosses to the host once (through pinned memory from a GPU) and is copied
+    once more, into the payload; the digest is computed on the way.
+    """
+    assert body.numel() == header.body_size(), "the body does not match the header"
+    head = bytearray(header.pack())
+    if body.is_cuda:
+        body = torch.empty(body.shape, dtype=torch.uint8, pin_memory=True).copy_(body)
+    data = memoryview(body.contiguous().numpy()) if body.numel() else memoryview(b"")
+    struct.pack_into("<Q", head, DIGEST_OFFSET, payload_digest(head, data))
+    return b"".join((head, data))
+
+
+def _body(sections: list[torch.Tensor]) -> torch.Tensor:
+    """Every section, each padded to the alignment, in one tensor on their device."""
+    if not sections:
+        return torch.empty(0, dtype=torch.uint8)
+    devices = {s.device for s in sections}
+    device = devices.pop() if len(devices) == 1 else torch.device("cpu")
     pieces = []
-    for section in (s for part in parts for s in part.sections):
-        section = section.reshape(-1).cpu()
+    for section in sections:
+        section = section.reshape(-1).to(device)
         pieces.append(section)
         pad = align(section.numel()) - section.numel()
         if pad:
-            pieces.append(torch.zeros(pad, dtype=torch.uint8))
-    body = torch.cat(pieces) if pieces else torch.empty(0, dtype=torch.uint8)
-    data = bytearray(header.pack())
-    data += body.numpy().tobytes()
-    struct.pack_into("<Q", data, DIGEST_OFFSET, payload_digest(data))
-    return bytes(data)
+            pieces.append(torch.zeros(pad, dtype=torch.uint8, device=device))
+    return torch.cat(pieces)
 
 
 def _check_tensor(name: str, dtype: torch.dtype) -> None:

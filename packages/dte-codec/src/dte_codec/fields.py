@@ -1,0 +1,176 @@
+"""Bit fields of a payload body held as int64 words, over a flat space of segments.
+
+The batched encoder and decoder treat every changed element of every entry as one flat
+index space: element ``e`` belongs to segment ``seg[e]`` (one entry) and has ``rank[e]``
+inside it. Per-segment numbers (section offsets, widths, encodings) travel to the device
+as one table and are gathered per element, so every step is one torch op over all
+elements, whatever the number of tensors, and nothing here reads a value back to the host.
+
+A field is ``width`` (0..64) bits at bit position ``pos`` of the body's LSB-first bit
+stream (bit ``p`` is bit ``p % 8`` of byte ``p // 8``, see ``bits.py``). On the
+little-endian int64 view of the body that is bit ``p % 64`` of word ``p // 64``, so a
+field lies in one word or straddles two. Writing adds each field's bits into its words:
+fields never overlap, so every sum is a bitwise OR and never carries.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import attrs
+import torch
+
+from .bits import width_mask
+
+WORD_BITS = 64
+WORD_BYTES = 8
+_INT64 = torch.int64
+
+assert sys.byteorder == "little", "the int64 word view of a body assumes a little-endian host"
+
+
+class Body:
+    """A zeroed body of ``size`` bytes as int64 words on ``device``, written field by field
+    for a flat space of ``elements`` elements (one spare word each)."""
+
+    def __init__(self, size: int, elements: int, device: torch.device):
+        self.words = size // WORD_BYTES
+        self._buffer = torch.zeros(self.words + elements, dtype=_INT64, device=device)
+        self._index = torch.arange(elements, device=device)
+
+    def bytes(self) -> torch.Tensor:
+        """The body as uint8 (a view)."""
+        return self._buffer[:self.words].view(torch.uint8)
+
+    def write(self, pos: torch.Tensor, value: torch.Tensor, width: torch.Tensor) -> None:
+        """Add the low ``width`` bits of each element's ``value`` at its bit ``pos``.
+
+        A field of width 0 adds nothing (it still needs a valid ``pos``). A 64-bit field
+        must start on a word boundary.
+        """
+        shift = pos & (WORD_BITS - 1)
+        word = pos >> 6
+        field = value & width_mask(width)
+        spare = self._index + self.words
+        if self._buffer.is_cuda:
+            self._add_runs(word, field << shift, spare)
+        else:  # index_add_ on the CPU has no atomics to contend for
+            self._buffer.index_add_(0, word, field << shift)
+        straddles = shift + width > WORD_BITS
+        high = torch.where(straddles, field >> (WORD_BITS - shift).clamp(max=WORD_BITS - 1), 0)
+        self._buffer.index_add_(0, torch.where(straddles, word + 1, spare), high)
+
+    def _add_runs(self, word: torch.Tensor, bits: torch.Tensor, spare: torch.Tensor) -> None:
+        """``index_add_`` of ``bits`` at ``word``, with one atomic add per run of equal
+        words (up to 64 narrow fields share a word): a run's sum is a difference of
+        prefix sums (wrapping int64 stays exact), and since the bits are disjoint it is
+        their OR. The other elements add zero to their own spare word."""
+        ends = torch.ones_like(word, dtype=torch.bool)
+        ends[:-1] = word[1:] != word[:-1]
+        total = torch.cumsum(bits, 0)
+        last_end = torch.cummax(torch.where(ends, self._index, -1), 0).values
+        before = torch.where(self._index == 0, -1, torch.roll(last_end, 1))
+        base = torch.where(before >= 0, total.index_select(0, before.clamp(min=0)), 0)
+        self._buffer.index_add_(0, torch.where(ends, word, spare),
+                                torch.where(ends, total - base, 0))
+
+
+def read_fields(words: torch.Tensor, pos: torch.Tensor, width: torch.Tensor) -> torch.Tensor:
+    """The ``width``-bit unsigned fields at bit ``pos`` of ``words`` (64-bit fields as int64).
+
+    Positions outside the body read clamped words instead of failing on the device:
+    callers validate what they read, and untrusted bytes must never trip a device assert.
+    """
+    last = max(words.numel() - 1, 0)
+    shift = pos & (WORD_BITS - 1)
+    word = (pos >> 6).clamp(0, last)
+    low = (words.index_select(0, word) >> shift) & width_mask(WORD_BITS - shift)
+    upper = (words.index_select(0, (word + 1).clamp(max=last))
+             << (WORD_BITS - shift).clamp(max=WORD_BITS - 1))
+    return (low | torch.where(shift > 0, upper, 0)) & width_mask(width)
+
+
+@attrs.frozen
+class Segments:
+    """A flat space of ``sum(counts)`` elements cut into consecutive segments."""
+
+    counts: tuple[int, ...]
+    starts: tuple[int, ...]
+    seg: torch.Tensor
+    """Per element, its segment."""
+    rank: torch.Tensor
+    """Per element, its position inside its segment."""
+    start: torch.Tensor
+    """Per element, the flat position of its segment's first element."""
+    bounds: torch.Tensor
+    """Per segment, its first and its past-the-end flat positions (two rows)."""
+
+    @property
+    def total(self) -> int:
+        return sum(self.counts)
+
+    @classmethod
+    def of(cls, counts: list[int], device: torch.device) -> Segments:
+        starts = [0]
+        for count in counts[:-1]:
+            starts.append(starts[-1] + count)
+        total = sum(counts)
+        # Segment ids by a prefix sum of start marks (several at one position when
+        # segments are empty): cheaper than repeat_interleave on the CPU, and sync-free.
+        inner = [start for start in starts[1:] if start < total]
+        marks = torch.zeros(total, dtype=_INT64, device=device)
+        if inner:
+            at = host_table([inner], device)[0]
+            marks.index_add_(0, at, torch.ones_like(at))
+        seg = torch.cumsum(marks, 0)
+        bounds = host_table([starts, [a + n for a, n in zip(starts, counts)]], device)
+        start = bounds[0].index_select(0, seg)
+        rank = torch.arange(total, device=device) - start
+        return cls(tuple(counts), tuple(starts), seg, rank, start, bounds)
+
+    def spread(self, per_segment: torch.Tensor) -> torch.Tensor:
+        """Per element, its segment's value of ``per_segment``."""
+        return per_segment.index_select(0, self.seg)
+
+    def sums(self, values: torch.Tensor) -> torch.Tensor:
+        """Per segment, the sum of ``values`` (int64) over its elements.
+
+        A difference of prefix sums: an ``index_add_`` per element would have every
+        element of a segment contend for one atomic add on a GPU.
+        """
+        total = torch.cumsum(values.to(_INT64), 0)
+        total = torch.cat([total.new_zeros(1), total])
+        return total.index_select(0, self.bounds[1]) - total.index_select(0, self.bounds[0])
+
+    def histogram(self, values: torch.Tensor, bins: int) -> torch.Tensor:
+        """Per segment (rows) the count of each value in ``0..bins-1`` (columns); other
+        values are not counted."""
+        if values.is_cuda:  # one prefix sum per bin rather than contended atomic adds
+            return torch.stack([self.sums(values == b) for b in range(bins)], 1)
+        column = torch.where((values >= 0) & (values < bins), values, bins)  # others: dropped
+        out = torch.zeros(len(self.counts) * (bins + 1), dtype=_INT64, device=values.device)
+        out.index_add_(0, self.seg * (bins + 1) + column, torch.ones_like(column))
+        return out.view(-1, bins + 1)[:, :bins]
+
+    def exclusive_ranks(self, mask: torch.Tensor) -> torch.Tensor:
+        """Per element, how many elements before it in its segment have ``mask`` set."""
+        inclusive = torch.cumsum(mask.to(_INT64), 0)
+        before = inclusive - mask.to(_INT64)
+        return before - before.index_select(0, self.start)
+
+    def previous(self, values: torch.Tensor, first: int | torch.Tensor) -> torch.Tensor:
+        """Per element, ``values`` of the element before it in its segment (``first`` for
+        a segment's first element)."""
+        shifted = torch.roll(values, 1)
+        return torch.where(self.rank == 0, first, shifted)
+
+
+def host_table(columns: list[list[int]], device: torch.device) -> torch.Tensor:
+    """Per-segment int64 columns as one ``(len(columns), segments)`` tensor on ``device``.
+
+    One host-to-device copy; from pinned memory on CUDA, so it does not wait for the GPU.
+    """
+    table = torch.tensor(columns, dtype=_INT64)
+    if device.type == "cuda":
+        return table.pin_memory().to(device, non_blocking=True)
+    return table.to(device)

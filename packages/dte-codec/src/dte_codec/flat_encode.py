@@ -1,0 +1,306 @@
+"""Delta encoding of all changed tensors at once, in one flat index space.
+
+Produces the same bytes as encoding tensor by tensor (``parts.sparse_part`` and
+``encode.encode_delta_per_tensor``, the reference), with a fixed number of torch ops over
+all changed elements instead of a few dozen per tensor, and two host synchronizations per
+payload whatever the number of tensors:
+
+1. One pass computes, per element, its gap to the previous index, whether the index is
+   valid, and the residue width its value needs; segment reductions turn these into,
+   per tensor, the number of gaps over one byte, a validity count and a histogram of
+   residue widths. One copy to the host (sync 1).
+2. On the host, every encoding follows in closed form from those numbers and the tensor's
+   count and numel (``choose_indices``, ``choose_values``, the dense fallback); the
+   header and the body layout follow.
+3. One pass writes every field of every winning encoding into one zeroed body buffer on
+   the device (``fields.Body``); dense entries are copied in; the body comes to
+   the host in one copy (sync 2).
+
+The per-tensor gathers of the new values (one indexing op per tensor, each tensor its own
+storage) are the only launches that grow with the number of tensors; none of them waits
+for the device. Temporaries are O(changed elements): about a dozen int64 per element.
+A change set that fails validation sends the call down the reference path, which raises
+the error it always raised.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
+
+import attrs
+import torch
+
+from .bits import bit_length, order_keys_by_width, width_mask
+from .fields import Body, Segments, host_table
+from .header import (DTYPE_CODES, INDEX32_LIMIT, MAX_NAME_BYTES, RESIDUE_DTYPES, Entry, Header,
+                     IndexEncoding, Kind, ValueEncoding, align, index_itemsize)
+from .indices import MAX_GAP_BYTE
+from .parts import checked_header, seal
+
+if TYPE_CHECKING:
+    from .encode import ChangeSet
+
+BITS = 8
+_INT64 = torch.int64
+
+
+@attrs.frozen
+class _Item:
+    name: str
+    tensor: torch.Tensor
+    change: ChangeSet
+
+    @property
+    def count(self) -> int:
+        return self.change.indices.numel()
+
+
+def encode_delta_flat(items: Sequence[tuple[str, torch.Tensor, ChangeSet]], *, stream_id: str,
+                      base_version: int, version: int) -> bytes | None:
+    """The delta payload of the non-empty change sets ``items``, or None when a change set
+    does not fit its tensor (the caller then raises the reference path's error)."""
+    todo = [_Item(*item) for item in items]
+    if not todo or not all(_fits(item) for item in todo):
+        return None if todo else seal(checked_header([], stream_id=stream_id, kind=Kind.DELTA,
+                                                     base_version=base_version, version=version),
+                                      torch.empty(0, dtype=torch.uint8))
+    device = todo[0].tensor.device
+    if any(item.tensor.device != device for item in todo):
+        return None
+    segs = Segments.of([item.count for item in todo], device)
+    flat = _Flat.gather(todo, segs, device)
+    bins = max((item.tensor.element_size() * BITS for item in todo
+                if item.tensor.dtype in RESIDUE_DTYPES), default=0)
+    stats = flat.stats(bins).tolist()  # host sync 1 of 2
+    segments = len(todo)
+    gap_escapes, invalid, hist = (stats[:segments], stats[segments:2 * segments],
+                                  stats[2 * segments:])
+    if any(invalid):
+        return None
+    entries = [_entry(item, hist[bins * s:bins * (s + 1)], gap_escapes=gap_escapes[s])
+               for s, item in enumerate(todo)]
+    header = checked_header(entries, stream_id=stream_id, kind=Kind.DELTA,
+                            base_version=base_version, version=version)
+    body = flat.write(header, todo)
+    return seal(header, body)  # host sync 2 of 2: the body's copy to the host
+
+
+def _fits(item: _Item) -> bool:
+    """Every check of the reference that needs no device value."""
+    n, dtype = item.count, item.tensor.dtype
+    name_ok = len(item.name.encode()) <= MAX_NAME_BYTES and dtype in DTYPE_CODES
+    bounds = (item.change.base_low, item.change.base_high)
+    return name_ok and item.tensor.numel() > 0 and all(b.dtype == dtype and tuple(b.shape) == (n,) for b in bounds)
+
+
+class _Flat:
+    """Indices, value bit patterns and bounds of every changed element, back to back."""
+
+    def __init__(self, segs: Segments, table: torch.Tensor, idx: torch.Tensor,
+                 pattern: torch.Tensor, low: torch.Tensor, high: torch.Tensor):
+        self.segs, self.idx, self.pattern = segs, idx, pattern
+        numel, bits, residue = (segs.spread(table[k]) for k in range(3))
+        self.bits = bits
+        self.gap = idx - segs.previous(idx, -1)
+        self.wide = self.gap > MAX_GAP_BYTE
+        self.bad = (idx < 0) | (idx >= numel) | (self.gap <= 0)
+        key_bits = torch.where(residue > 0, bits, 16)
+        self.key = order_keys_by_width(pattern, key_bits)
+        above = self.key - order_keys_by_width(low, key_bits) + 1
+        below = order_keys_by_width(high, key_bits) - self.key
+        span = torch.maximum(torch.maximum(above, below), torch.ones_like(above))
+        self.need = torch.where(residue > 0, 1 + bit_length(span - 1), 0)
+
+    @classmethod
+    def gather(cls, todo: list[_Item], segs: Segments, device: torch.device) -> _Flat:
+        table = host_table([[item.tensor.numel() for item in todo],
+                            [item.tensor.element_size() * BITS for item in todo],
+                            [int(item.tensor.dtype in RESIDUE_DTYPES) for item in todo]], device)
+        idx = torch.cat([item.change.indices.reshape(-1).to(device) for item in todo]).to(_INT64)
+        # Gather at clamped indices: an invalid one is reported after the statistics, and
+        # must not trip a device assert first.
+        safe = torch.minimum(idx.clamp(min=0), segs.spread(table[0]) - 1)
+        values = [_int_view(item.tensor.reshape(-1)).index_select(0, p)
+                  for item, p in zip(todo, safe.split(list(segs.counts)))]
+        lows = [_int_view(item.change.base_low.to(device)) for item in todo]
+        highs = [_int_view(item.change.base_high.to(device)) for item in todo]
+        bits = segs.spread(table[1])
+        return cls(segs, table, idx, *(_patterns(torch.cat(v), bits)
+                                       for v in (values, lows, highs)))
+
+    def stats(self, bins: int) -> torch.Tensor:
+        """On the host, per tensor: gaps over a byte, invalid indices, and the histogram
+        of the residue widths ``0..bins-1`` that values need."""
+        segs = self.segs
+        hist = segs.histogram(self.need, bins).reshape(-1)
+        return torch.cat([segs.sums(self.wide), segs.sums(self.bad), hist]).cpu()
+
+    def write(self, header: Header, todo: list[_Item]) -> torch.Tensor:
+        """The body of ``header`` as uint8 on the device."""
+        layout = _Layout.of(header.entries, self.idx.device)
+        body = Body(header.body_size(), self.segs.total, self.idx.device)
+        home = self._write_indices(body, layout)
+        self._write_values(body, layout, home)
+        out = body.bytes()
+        for entry, item, offset in zip(header.entries, todo, layout.dense_offsets):
+            if entry.index_encoding == IndexEncoding.DENSE:
+                data = item.tensor.detach().contiguous().reshape(-1).view(torch.uint8)
+                out[offset:offset + data.numel()].copy_(data)
+        return out
+
+    def _write_indices(self, body: Body, layout: _Layout) -> torch.Tensor:
+        col, rank, idx = layout.column(self.segs), self.segs.rank, self.idx
+        enc = col("index_encoding")
+        is_gap, is_bitmap = enc == IndexEncoding.GAP8, enc == IndexEncoding.BITMAP
+        # First section: raw index, gap byte, low bits or bitmap bit; dense entries get a
+        # zero-width field inside their own section, so no word gathers empty adds.
+        home = col("first") + rank * col("stride") + torch.where(is_bitmap, idx, 0)
+        small = torch.where(self.wide, 0, self.gap)
+        body.write(home, torch.where(is_gap, small, torch.where(is_bitmap, 1, idx)),
+                     col("width"))
+        # Second section: escaped gaps, or the Elias-Fano upper bits.
+        escaped = is_gap & self.wide
+        before = self.segs.exclusive_ranks(escaped)
+        second, itemsize = col("second"), col("escape_bits")
+        pos = torch.where(is_gap, second + before * itemsize,
+                          second + (idx >> col("low_width")) + rank)
+        width = torch.where(escaped, itemsize, (enc == IndexEncoding.ELIAS_FANO).to(_INT64))
+        body.write(torch.where(width > 0, pos, home),
+                     torch.where(is_gap, self.gap, 1), width)
+        return home
+
+    def _write_values(self, body: Body, layout: _Layout, home: torch.Tensor) -> None:
+        col, rank = layout.column(self.segs), self.segs.rank
+        enc, width = col("value_encoding"), col("value_width")
+        residue = enc == ValueEncoding.RESIDUE
+        escaped = residue & (self.need > width)
+        before = self.segs.exclusive_ranks(escaped)
+        fields, positions, raw = col("fields"), col("positions"), col("raw")
+        item_bits = torch.where(enc >= 0, self.bits, 0)
+        pos = torch.where(residue, torch.where(escaped, positions + before * col("position_bits"),
+                                               fields + (rank - before) * width),
+                          raw + rank * item_bits)
+        value = torch.where(residue, torch.where(escaped, rank, self.key), self.pattern)
+        bits = torch.where(residue, torch.where(escaped, col("position_bits"), width), item_bits)
+        body.write(torch.where(bits > 0, pos, home), value, bits)
+        escaped_bits = torch.where(escaped, self.bits, 0)
+        body.write(torch.where(escaped, raw + before * self.bits, home), self.pattern,
+                     escaped_bits)
+
+
+@attrs.frozen
+class _Layout:
+    """Per entry, where and how wide each field goes, as one table on the device."""
+
+    names: tuple[str, ...]
+    table: torch.Tensor
+    dense_offsets: tuple[int, ...]
+
+    COLUMNS = ("index_encoding", "first", "stride", "width", "second", "escape_bits",
+               "low_width", "value_encoding", "value_width", "fields", "positions",
+               "position_bits", "raw")
+
+    @classmethod
+    def of(cls, entries: Sequence[Entry], device: torch.device) -> _Layout:
+        rows, dense, offset = [], [], 0
+        for entry in entries:
+            starts = []
+            for size in entry.section_sizes():
+                starts.append(offset * BITS)
+                offset += align(size)
+            rows.append(_row(entry, starts))
+            dense.append(starts[0] // BITS if entry.index_encoding == IndexEncoding.DENSE else -1)
+        columns = [list(column) for column in zip(*rows)]
+        return cls(cls.COLUMNS, host_table(columns, device), tuple(dense))
+
+    def column(self, segs: Segments):
+        def gather(name: str) -> torch.Tensor:
+            return segs.spread(self.table[self.COLUMNS.index(name)])
+        return gather
+
+
+def _row(entry: Entry, starts: list[int]) -> tuple[int, ...]:
+    """One entry's columns of ``_Layout.COLUMNS``; ``starts``: its sections' bit offsets."""
+    enc, item_bits = entry.index_encoding, entry.itemsize * BITS
+    if enc == IndexEncoding.DENSE:
+        return (-1, starts[0], item_bits, 0, starts[0], 0, 0, -1, 0, starts[0], starts[0], 0,
+                starts[0])
+    raw_bits = index_itemsize(entry.numel) * BITS
+    first, width, stride = {
+        IndexEncoding.INT32: (starts[0], raw_bits, raw_bits),
+        IndexEncoding.INT64: (starts[0], raw_bits, raw_bits),
+        IndexEncoding.GAP8: (starts[0], BITS, BITS),
+        IndexEncoding.ELIAS_FANO: (starts[0], entry.index_width, entry.index_width),
+        IndexEncoding.BITMAP: (starts[0], 1, 0),
+    }[enc]
+    second = starts[1] if len(entry.index_sections()) > 1 else first
+    values = starts[len(entry.index_sections()):]
+    if entry.value_encoding == ValueEncoding.RAW:
+        fields = positions = raw = values[0]
+    else:
+        fields, positions, raw = values
+    return (int(enc), first, stride, width, second, raw_bits, entry.index_width,
+            int(entry.value_encoding), entry.value_width, fields, positions,
+            index_itemsize(entry.count) * BITS, raw)
+
+
+def _entry(item: _Item, hist: list[int], *, gap_escapes: int) -> Entry:
+    """The entry the reference encoder would write, from closed-form sizes."""
+    tensor, n = item.tensor, item.count
+    index = choose_indices(n, tensor.numel(), gap_escapes=gap_escapes)
+    value = choose_values(n, tensor.dtype, tensor.element_size(), hist)
+    sparse = Entry(name=item.name, dtype=tensor.dtype, shape=tuple(tensor.shape), count=n,
+                   **index, **value)
+    if sum(sparse.section_sizes()) >= tensor.numel() * tensor.element_size():
+        return Entry(name=item.name, dtype=tensor.dtype, shape=tuple(tensor.shape),
+                     count=tensor.numel())
+    return sparse
+
+
+def choose_indices(count: int, numel: int, *, gap_escapes: int) -> dict[str, object]:
+    """Header fields of the smallest index encoding (``indices.encode_indices``'s choice,
+    ties to INT32/INT64, then GAP8, then ELIAS_FANO, then BITMAP), from sizes alone."""
+    raw = count * index_itemsize(numel)
+    low = max(0, (numel // count).bit_length() - 1)
+    upper_bits = count + ((numel - 1) >> low) + 1
+    candidates = [
+        (raw, {"index_encoding": IndexEncoding.INT32 if numel < INDEX32_LIMIT
+               else IndexEncoding.INT64}),
+        (count + gap_escapes * index_itemsize(numel),
+         {"index_encoding": IndexEncoding.GAP8, "index_escapes": gap_escapes}),
+        (-(-count * low // BITS) + -(-upper_bits // BITS),
+         {"index_encoding": IndexEncoding.ELIAS_FANO, "index_width": low}),
+    ]
+    if numel <= BITS * raw:
+        candidates.append((-(-numel // BITS), {"index_encoding": IndexEncoding.BITMAP}))
+    return min(candidates, key=lambda c: c[0])[1]
+
+
+def choose_values(count: int, dtype: torch.dtype, itemsize: int,
+                  hist: list[int]) -> dict[str, object]:
+    """Header fields of the smallest value encoding (``values.encode_values``'s choice),
+    from the histogram of the residue width each value needs."""
+    if dtype not in RESIDUE_DTYPES:
+        return {}
+    cost_escape = index_itemsize(count) + itemsize
+    best_width, best_size, covered = 0, count * itemsize, 0
+    for width in range(1, itemsize * BITS):
+        covered += hist[width]
+        size = -(-covered * width // BITS) + (count - covered) * cost_escape
+        if size < best_size:
+            best_width, best_size = width, size
+    if best_width == 0:
+        return {}
+    return {"value_encoding": ValueEncoding.RESIDUE, "value_width": best_width,
+            "value_escapes": count - sum(hist[:best_width + 1])}
+
+
+def _int_view(values: torch.Tensor) -> torch.Tensor:
+    return values.view({1: torch.uint8, 2: torch.int16, 4: torch.int32,
+                        8: torch.int64}[values.element_size()])
+
+
+def _patterns(values: torch.Tensor, bits: torch.Tensor) -> torch.Tensor:
+    """Unsigned ``bits``-wide bit patterns as int64 (64-bit patterns keep their sign)."""
+    return values.to(_INT64) & width_mask(bits)

@@ -1,0 +1,228 @@
+"""Batched (flat) encode and decode against the per-tensor reference, on one GPU.
+
+A 4.02e9-parameter Qwen3-4B-shaped set of bf16 tensors in Megatron's fused layout (290
+tensors: per layer the fused qkv, the attention output, the fused gate/up, the down
+projection and four norms; embeddings and the final norm) lives on the GPU with change
+sets drawn at --changed (3.3 %) per tensor: each changed element moved from its base by
++-1 ulp (87 %) or by up to +-64 ulps, bounds exact. In one process it times and profiles:
+
+* encode: ``encode_delta_per_tensor`` (the reference, the path before the batching) and
+  ``encode_delta`` (flat), checking that the bytes are identical;
+* decode: ``decode_per_entry`` and ``decode`` onto the GPU;
+* values: ``values.decode_values`` per entry and ``flat_values.resolve_residues`` against
+  the receiver's base values; then ``apply_`` of the whole payload (flat path).
+
+Per path: wall time (median of --reps after one warm-up, CUDA synchronized), and from one
+torch.profiler run the kernel launches, memcpys and host synchronizations
+(``cudaStreamSynchronize``, ``cudaDeviceSynchronize``, synchronous ``cudaMemcpy``) and
+the GPU kernel time. Prints one JSON object and Markdown rows for ``docs/benchmarks.md``.
+
+    PYTHONPATH=packages/dte-codec/src:tools python3 tools/gpu/bench_codec_batched.py
+    PYTHONPATH=packages/dte-codec/src:tools python3 tools/gpu/bench_codec_batched.py --smoke
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+from provenance import git_sha, machine
+from torch.profiler import ProfilerActivity, profile
+
+from dte_codec import apply_, decode
+from dte_codec.decode import decode_per_entry
+from dte_codec.encode import encode_delta, encode_delta_per_tensor
+from dte_codec.flat_values import resolve_residues
+from dte_codec.header import ValueEncoding
+from dte_codec.values import decode_values
+
+SYNC_CALLS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaMemcpy",
+              "cudaEventSynchronize")
+LAUNCH_CALLS = ("cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cuLaunchKernelEx")
+MEMCPY_CALLS = ("cudaMemcpyAsync", "cudaMemcpy")
+
+
+def parse() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    for flag, default in (("--layers", 36), ("--hidden", 2560), ("--intermediate", 9728),
+                          ("--heads", 32), ("--kv-heads", 8), ("--head-dim", 128),
+                          ("--vocab", 151936)):  # Qwen3-4B
+        p.add_argument(flag, type=int, default=default)
+    p.add_argument("--changed", type=float, default=0.033)
+    p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--smoke", action="store_true", help="a tiny model, to check the script")
+    args = p.parse_args()
+    if args.smoke:
+        args.layers, args.hidden, args.intermediate, args.vocab = 2, 64, 192, 1000
+        args.heads, args.kv_heads, args.head_dim = 4, 2, 16
+    return args
+
+
+def shapes(a: argparse.Namespace) -> dict[str, tuple[int, ...]]:
+    q, kv, h = a.heads * a.head_dim, a.kv_heads * a.head_dim, a.hidden
+    out = {"embedding.word_embeddings.weight": (a.vocab, h)}
+    for i in range(a.layers):
+        p = f"decoder.layers.{i}."
+        out.update({p + "self_attention.linear_qkv.layer_norm_weight": (h,),
+                    p + "self_attention.linear_qkv.weight": (q + 2 * kv, h),
+                    p + "self_attention.q_layernorm.weight": (a.head_dim,),
+                    p + "self_attention.k_layernorm.weight": (a.head_dim,),
+                    p + "self_attention.linear_proj.weight": (h, q),
+                    p + "mlp.linear_fc1.layer_norm_weight": (h,),
+                    p + "mlp.linear_fc1.weight": (2 * a.intermediate, h),
+                    p + "mlp.linear_fc2.weight": (h, a.intermediate)})
+    out["decoder.final_layernorm.weight"] = (h,)
+    return out
+
+
+class Change:
+    def __init__(self, indices: torch.Tensor, base: torch.Tensor):
+        self.indices, self.base_low, self.base_high = indices, base, base
+
+
+def trajectory(a: argparse.Namespace, device: torch.device):
+    """Current weights, base weights (the receiver's) and exact change sets."""
+    gen = torch.Generator(device=device).manual_seed(0)
+    weights, bases, changes = {}, {}, {}
+    for name, shape in shapes(a).items():
+        w = (torch.randn(shape, device=device, generator=gen) * 0.02).to(torch.bfloat16)
+        flat = w.view(-1).view(torch.int16)
+        mask = torch.rand(flat.numel(), device=device, generator=gen) < a.changed
+        indices = torch.nonzero(mask).view(-1)
+        small = torch.rand(indices.numel(), device=device, generator=gen) < 0.87
+        step = torch.where(small, 1, torch.randint(2, 65, indices.shape, device=device,
+                                                   generator=gen))
+        sign = torch.where(torch.rand(indices.numel(), device=device, generator=gen) < 0.5,
+                           -1, 1)
+        old = (flat[indices].to(torch.int32) + sign * step).to(torch.int16)
+        base = w.clone()
+        base.view(-1).view(torch.int16)[indices] = old
+        weights[name], bases[name] = w, base
+        changes[name] = Change(indices, old.view(torch.bfloat16))
+        del mask, small, step, sign
+    return weights, bases, changes
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def timed(fn: Callable[[], object], reps: int, device: torch.device) -> tuple[list[float], object]:
+    out = fn()  # warm-up
+    sync(device)
+    times = []
+    for _ in range(reps):
+        sync(device)
+        start = time.perf_counter()
+        out = fn()
+        sync(device)
+        times.append((time.perf_counter() - start) * 1e3)
+    return times, out
+
+
+def profiled(fn: Callable[[], object], device: torch.device) -> dict[str, float]:
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda"
+                                           else [])
+    sync(device)
+    with profile(activities=activities) as prof:
+        fn()
+        sync(device)
+    counts = {"launches": 0, "memcpys": 0, "syncs": 0, "kernel_ms": 0.0}
+    for event in prof.key_averages():
+        if event.key in LAUNCH_CALLS:
+            counts["launches"] += event.count
+        if event.key in MEMCPY_CALLS:
+            counts["memcpys"] += event.count
+        if event.key in SYNC_CALLS:
+            counts["syncs"] += event.count
+        device_time = getattr(event, "self_device_time_total", 0.0)
+        if event.device_type == torch.autograd.DeviceType.CUDA:
+            counts["kernel_ms"] += device_time / 1e3
+    counts["syncs"] -= 1  # the profiler window's own closing synchronize
+    kernels = [e for e in prof.key_averages()
+               if e.device_type == torch.autograd.DeviceType.CUDA]
+    kernels.sort(key=lambda e: -getattr(e, "self_device_time_total", 0.0))
+    counts["top_kernels"] = [(e.key[:60], e.count,
+                              round(getattr(e, "self_device_time_total", 0.0) / 1e3, 2))
+                             for e in kernels[:6]]
+    return counts
+
+
+def measure(name: str, fn: Callable[[], object], a: argparse.Namespace,
+            device: torch.device, results: dict) -> object:
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+        before = torch.cuda.memory_allocated(device)
+    times, out = timed(fn, a.reps, device)
+    extra = {}
+    if device.type == "cuda":
+        extra["peak_extra_gb"] = (torch.cuda.max_memory_allocated(device) - before) / 1e9
+    results[name] = {"median_ms": statistics.median(times), "times_ms": times, **extra,
+                     **profiled(fn, device)}
+    print(name, json.dumps(results[name]), flush=True)
+    return out
+
+
+def main() -> None:
+    a = parse()
+    device = torch.device(a.device)
+    weights, bases, changes = trajectory(a, device)
+    changed = sum(c.indices.numel() for c in changes.values())
+    params = sum(w.numel() for w in weights.values())
+    results: dict = {"params": params, "tensors": len(weights), "changed": changed}
+    args = {"stream_id": "bench", "base_version": 0, "version": 1}
+    ref = measure("encode_reference", lambda: encode_delta_per_tensor(weights, changes, **args),
+                  a, device, results)
+    flat = measure("encode_flat", lambda: encode_delta(weights, changes, **args), a, device,
+                   results)
+    results["bytes_identical"] = ref == flat
+    results["payload_bytes"] = len(flat)
+    results["bytes_per_changed"] = len(flat) / changed
+    del ref
+    measure("decode_reference", lambda: decode_per_entry(flat, device=device), a, device,
+            results)
+    payload = measure("decode_flat", lambda: decode(flat, device=device), a, device, results)
+    residue = [(e, w, v) for e, w, v in zip(payload.header.entries, payload.indices,
+                                            payload.values)
+               if e.value_encoding == ValueEncoding.RESIDUE]
+    base_values = [bases[e.name].view(-1)[w] for e, w, _ in residue]
+    measure("values_reference", lambda: [decode_values(e, v, b) for (e, _, v), b
+                                         in zip(residue, base_values)], a, device, results)
+    measure("values_flat", lambda: resolve_residues([e for e, _, _ in residue],
+                                                    [v for _, _, v in residue], base_values),
+            a, device, results)
+    receiver = {n: b.clone() for n, b in bases.items()}
+
+    def apply_once() -> None:
+        for n, b in bases.items():
+            receiver[n].copy_(b)
+        apply_(receiver, payload)
+    measure("apply_flat", apply_once, a, device, results)
+    results["applied_equal"] = all(torch.equal(receiver[n].view(torch.int16),
+                                               weights[n].view(torch.int16)) for n in weights)
+    results.update(sha=git_sha(), machine=machine(a.device),
+                   date=datetime.date.today().isoformat())
+    print(json.dumps(results))
+    _rows(results)
+
+
+def _rows(r: dict) -> None:
+    for what in ("encode", "decode", "values"):
+        ref, flat = r[f"{what}_reference"], r[f"{what}_flat"]
+        print(f"| {r['date']} | `{r['sha']}` | {r['machine']} | {what} | "
+              f"{r['params'] / 1e9:.2f}e9 params, {r['tensors']} tensors, "
+              f"{100 * r['changed'] / r['params']:.1f} % changed | "
+              f"{ref['median_ms']:.0f} ms, {ref['launches']} launches, {ref['syncs']} syncs | "
+              f"{flat['median_ms']:.0f} ms, {flat['launches']} launches, {flat['syncs']} syncs | "
+              f"{ref['median_ms'] / flat['median_ms']:.1f}x |")
+
+
+if __name__ == "__main__":
+    main()
