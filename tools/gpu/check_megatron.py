@@ -19,6 +19,10 @@ that only ever receives the detector's deltas (``dte_codec`` encode, decode, app
 equal the trainer's bf16 params bit for bit. Times: ``collect`` per detector, and the cast
 hook (compare, then Megatron's copy) against a plain copy of the same bytes.
 
+``--dp N`` runs N data-parallel ranks on N GPUs: each rank detects inside its own range
+of every param and ``collect`` merges the ranks' change sets (``dp_union``); every rank
+checks the merged sets against its own whole params.
+
 Run on one GPU (megatron-core's wheel carried in ``.whl``), repository root:
     python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/megatron_core-*.whl
     PYTHONPATH=/tmp/site:packages/dte-detector/src:packages/dte-codec/src:\
@@ -37,6 +41,7 @@ import time
 
 import torch
 import torch.distributed as dist
+import torch.multiprocessing as mp
 import torch.nn.functional as F
 from areal_dte import Method
 from areal_dte.megatron import attach
@@ -67,6 +72,9 @@ def parse() -> argparse.Namespace:
     p.add_argument("--batch", type=int, default=4)
     p.add_argument("--lr", type=float, default=3e-6)
     p.add_argument("--syncs", type=int, default=20, help="syncs of the steady run")
+    p.add_argument("--dp", type=int, default=1,
+                   help="data-parallel ranks, one GPU each (the distributed optimizer shards "
+                        "the masters over them)")
     p.add_argument("--distributed-optimizer", action=argparse.BooleanOptionalAction,
                    default=True, help="megatron-core's DistributedOptimizer (default) or "
                                       "its non-distributed mixed-precision optimizer")
@@ -150,7 +158,7 @@ def run(name, ddp, optimizer, detectors, args, *, syncs, steps_per_sync, schedul
     copies = {m: Copy(params, m) for m in METHODS}
     for changes in detectors.values():
         changes.commit()
-    gen = torch.Generator(device="cuda").manual_seed(SEEDS[name])
+    gen = torch.Generator(device="cuda").manual_seed(SEEDS[name] + 1000 * dist.get_rank())
     rows, step = [], 0
     for sync in range(syncs):
         before = {n: t.clone() for n, t in params.items()}
@@ -183,7 +191,8 @@ def run(name, ddp, optimizer, detectors, args, *, syncs, steps_per_sync, schedul
         for changes in detectors.values():
             changes.commit()
         rows.append(row)
-        print(json.dumps(row), flush=True)
+        if dist.get_rank() == 0:
+            print(json.dumps(row), flush=True)
     return rows
 
 
@@ -209,18 +218,18 @@ def copy_times_ms(ddp, optimizer, detectors) -> tuple[float, float]:
     return hooked, min(timed(copy)[1] for _ in range(3))
 
 
-def main() -> int:
-    args = parse()
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", "29533")
-    dist.init_process_group("nccl", rank=0, world_size=1)
-    torch.cuda.set_device(0)
+def worker(rank: int, args: argparse.Namespace) -> None:
+    """One data-parallel rank; rank 0 reports. Exits 1 on every rank if any rank missed
+    an element or lost bitwise equality."""
+    dist.init_process_group("nccl", rank=rank, world_size=args.dp,
+                            device_id=torch.device("cuda", rank))
+    torch.cuda.set_device(rank)
     parallel_state.initialize_model_parallel(tensor_model_parallel_size=1)
     model_parallel_cuda_manual_seed(1234)
     ddp, optimizer = build(args)
     numel = sum(p.numel() for p in ddp.parameters())
     detectors = {m: attach(optimizer, ddp, method=m) for m in METHODS}
-    gen = torch.Generator(device="cuda").manual_seed(0)
+    gen = torch.Generator(device="cuda").manual_seed(rank)  # each rank its own batches
     for _ in range(2):  # warm-up steps: optimizer state exists before the first sync
         train_step(ddp, optimizer, args, gen)
     _, step_ms = timed(lambda: train_step(ddp, optimizer, args, gen))
@@ -229,7 +238,8 @@ def main() -> int:
     rows += run("schedule", ddp, optimizer, detectors, args, syncs=10, steps_per_sync=1,
                 schedule=True)
     hooked, bound = copy_times_ms(ddp, optimizer, detectors)
-    results = {"params": numel, "gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
+    results = {"params": numel, "dp": args.dp, "gpu": torch.cuda.get_device_name(),
+               "torch": torch.__version__,
                "date": datetime.date.today().isoformat(), "train_step_ms": step_ms,
                "cast_hook_ms": hooked, "copy_alone_ms": bound, "rows": rows,
                "args": vars(args)}
@@ -237,13 +247,24 @@ def main() -> int:
     # weight), compare-and-copy 6 (fp32 master in, bf16 out), at the copy's bandwidth.
     bandwidth = 6 * numel / bound
     results["bounds_ms"] = {"adamw": 14 * numel / bandwidth, "cast": 6 * numel / bandwidth}
-    print(f"copy bandwidth {bandwidth / 1e9:.2f} TB/s; bounds: inversion "
+    missed = sum(r[m.value].get("missed", 0) for r in rows for m in METHODS)
+    unequal = sum(not r[m.value].get("bitwise", True) for r in rows for m in METHODS)
+    failed = torch.tensor([missed + unequal], device="cuda")
+    dist.all_reduce(failed)
+    if rank == 0:
+        report(results, optimizer, step_ms, hooked, bound, args)
+    dist.destroy_process_group()
+    if int(failed.item()):
+        sys.exit(1)
+
+
+def report(results, optimizer, step_ms, hooked, bound, args) -> None:
+    rows, numel, bandwidth = results["rows"], results["params"], 6 * results["params"] / bound
+    print(f"dp {args.dp}; copy bandwidth {bandwidth / 1e9:.2f} TB/s; bounds: inversion "
           f"{results['bounds_ms']['adamw']:.2f} ms, compare-and-copy "
           f"{results['bounds_ms']['cast']:.2f} ms; optimizer "
           f"{type(optimizer).__name__} of {[type(o).__name__ for o in getattr(optimizer, 'chained_optimizers', [optimizer])]}",
           flush=True)
-    missed = sum(r[m.value].get("missed", 0) for r in rows for m in METHODS)
-    unequal = sum(not r[m.value].get("bitwise", True) for r in rows for m in METHODS)
     for method in METHODS:
         deltas = [r[method.value] for r in rows if "missed" in r[method.value]]
         fulls = sorted({r[method.value]["full"] for r in rows if "full" in r[method.value]})
@@ -257,8 +278,18 @@ def main() -> int:
     if args.out:
         with open(args.out, "w") as fh:
             json.dump(results, fh, indent=1)
-    dist.destroy_process_group()
-    return 1 if missed or unequal else 0
+
+
+def main() -> int:
+    args = parse()
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", "29533")
+    os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
+    try:
+        mp.spawn(worker, args=(args,), nprocs=args.dp, join=True)
+    except mp.ProcessExitedException:
+        return 1
+    return 0
 
 
 if __name__ == "__main__":

@@ -106,3 +106,50 @@ def run(rank: int, world: int, init: str, config: ModelConfig, rollout_tp: int,
         fh.write("\n".join(lines) + "\n")
     dist.barrier()
     os._exit(0)  # skip gloo's teardown (tests/group_worker.py: it aborted finished ranks)
+
+
+UNION_PARAMS = {"a": (1000, torch.bfloat16), "b": (64, torch.bfloat16),
+                "c": (50, torch.float32), "d": (3000, torch.bfloat16)}
+"""Params of the DP-union test: ``b`` never changes, ``d`` outgrows the small window."""
+
+
+def union_case(world: int) -> dict:
+    """Every param's full change set (the truth), the same on every rank."""
+    from dte_detector import ChangeSet
+
+    gen = torch.Generator().manual_seed(7)
+    out = {}
+    for name, (numel, dtype) in UNION_PARAMS.items():
+        rate = 0.0 if name == "b" else 0.3
+        index = torch.nonzero(torch.rand(numel, generator=gen) < rate).view(-1).to(torch.int32)
+        low = torch.randn(index.numel(), generator=gen).to(dtype)
+        out[name] = ChangeSet(index, low, (low.float() * 2).to(dtype))
+    return out
+
+
+def own_range(change, numel: int, rank: int, world: int):
+    """The part of ``change`` inside DP rank ``rank``'s contiguous range of the param."""
+    from dte_detector import ChangeSet
+
+    start, end = numel * rank // world, numel * (rank + 1) // world
+    keep = (change.indices >= start) & (change.indices < end)
+    return ChangeSet(change.indices[keep], change.base_low[keep], change.base_high[keep])
+
+
+def run_union(rank: int, world: int, init: str, window_bytes: int, log_dir: str) -> None:
+    from areal_dte.megatron.dp_union import union_over_dp
+
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
+    truth = union_case(world)
+    mine = {n: own_range(c, UNION_PARAMS[n][0], rank, world) for n, c in truth.items()}
+    merged = union_over_dp(mine, None, window_bytes=window_bytes)
+    same = all(torch.equal(merged[n].indices, c.indices)
+               and torch.equal(merged[n].base_low.view(_BITS[c.base_low.element_size()]),
+                               c.base_low.view(_BITS[c.base_low.element_size()]))
+               and torch.equal(merged[n].base_high.view(_BITS[c.base_high.element_size()]),
+                               c.base_high.view(_BITS[c.base_high.element_size()]))
+               and merged[n].indices.dtype == torch.int32 for n, c in truth.items())
+    with open(os.path.join(log_dir, f"rank{rank}.log"), "w") as fh:
+        fh.write(f"union equals the whole change sets: {same}\n")
+    dist.barrier()
+    os._exit(0)

@@ -10,9 +10,21 @@ import multiprocessing
 
 import pytest
 from group_worker import finish, rendezvous
-from megatron_world import DENSE, MOE, run
+from megatron_world import DENSE, MOE, run, run_union
 
 pytestmark = [pytest.mark.megatron, pytest.mark.distributed]
+
+
+def spawn(target, world: int, *args, tmp_path) -> None:
+    """Run ``target(rank, world, rendezvous, *args, log_dir)`` on ``world`` gloo ranks."""
+    context = multiprocessing.get_context("spawn")
+    init = rendezvous(tmp_path)
+    procs = [context.Process(target=target, args=(rank, world, init, *args, str(tmp_path)))
+             for rank in range(world)]
+    for proc in procs:
+        proc.start()
+    hung, codes = finish(procs, 240)
+    assert ([], [0] * world) == (hung, codes)
 
 
 @pytest.mark.parametrize(("config", "trainer_tp", "rollout_tp"), [
@@ -23,15 +35,19 @@ pytestmark = [pytest.mark.megatron, pytest.mark.distributed]
 def test_change_sets_remap_like_dense_tensors(config, trainer_tp, rollout_tp, tmp_path):
     """On every TP rank: the GPTModel's params are the layout's tensors (names, shapes),
     and remapped change sets give the bytes of the dense conversion of the new weights."""
-    context = multiprocessing.get_context("spawn")
-    init = rendezvous(tmp_path)
-    procs = [context.Process(target=run, args=(rank, trainer_tp, init, config, rollout_tp,
-                                               str(tmp_path))) for rank in range(trainer_tp)]
-    for proc in procs:
-        proc.start()
-    hung, codes = finish(procs, 240)
-    assert ([], [0] * trainer_tp) == (hung, codes)
+    spawn(run, trainer_tp, config, rollout_tp, tmp_path=tmp_path)
     for rank in range(trainer_tp):
         assert ["names and shapes equal: True", "changed elements: True",
                 "changes remapped equal dense: True"] == (
+            tmp_path / f"rank{rank}.log").read_text().splitlines()
+
+
+@pytest.mark.parametrize(("world", "window_bytes"), [(2, 512 * 2**20), (3, 200)])
+def test_dp_union_merges_the_ranks_ranges(world, window_bytes, tmp_path):
+    """Each DP rank's change sets of its own ranges, merged over the group (one window, or
+    many small ones with a param larger than the window), are the whole change sets:
+    indices sorted, bounds bit for bit, index dtype kept."""
+    spawn(run_union, world, window_bytes, tmp_path=tmp_path)
+    for rank in range(world):
+        assert ["union equals the whole change sets: True"] == (
             tmp_path / f"rank{rank}.log").read_text().splitlines()

@@ -34,6 +34,7 @@ from dte_detector.torch_adamw import AdamWState
 from ..errors import DeltaSyncError, UnsupportedModelError
 from ..torch_actor import Method
 from ..version_watch import VersionWatch
+from .dp_union import WINDOW_BYTES, union_over_dp
 from .shards import MainShard, inner_optimizers, main_shards, param_names
 
 log = logging.getLogger(__name__)
@@ -53,9 +54,18 @@ class MegatronChanges:
     acknowledged.
     """
 
-    def __init__(self, inners: Sequence[object], shards: Sequence[MainShard], method: Method):
+    def __init__(self, inners: Sequence[object], shards: Sequence[MainShard], method: Method,
+                 window_bytes: int = WINDOW_BYTES):
         self.method = method
+        self._window = window_bytes
         self._shards = {s.name: s for s in shards}
+        self._dp_groups = []
+        """Per distributed inner optimizer: its data-parallel group and its params' names."""
+        for inner in inners:
+            group = getattr(inner, "data_parallel_group", None)
+            if hasattr(inner, "shard_fp32_from_float16_groups") and group is not None:
+                mains = {id(p) for g in inner.optimizer.param_groups for p in g["params"]}
+                self._dp_groups.append((group, [s.name for s in shards if id(s.main) in mains]))
         self._by_main = {id(s.main): s.name for s in shards}
         self._params = VersionWatch({s.name: s.param for s in shards})
         self._cast = CastDetector()
@@ -82,6 +92,10 @@ class MegatronChanges:
     def collect(self) -> dict[str, ChangeSet]:
         """Per model param of this rank, its changed elements as flat indices.
 
+        With the distributed optimizer over several data-parallel ranks this is a
+        collective of each inner optimizer's DP group (``dp_union``): every rank of it
+        calls ``collect`` for the same version (``GroupSender`` agrees on delta first).
+
         Raises:
             DeltaSyncError: ``full_reason`` is set (nothing here vouches for a delta).
         """
@@ -89,7 +103,11 @@ class MegatronChanges:
         if reason is not None:
             raise DeltaSyncError("megatron change sets", expected="no reason for a full sync",
                                  got=reason)
-        return {name: self._changes(shard) for name, shard in self._shards.items()}
+        found = {name: self._changes(shard) for name, shard in self._shards.items()}
+        for group, names in self._dp_groups:
+            found.update(union_over_dp({n: found[n] for n in names}, group,
+                                       window_bytes=self._window))
+        return found
 
     def commit(self) -> None:
         """The version was delivered: start a new interval from the current params."""
@@ -152,15 +170,17 @@ class MegatronChanges:
 
 
 def attach(optimizer: object, model: torch.nn.Module | Sequence[torch.nn.Module], *,
-           method: Method) -> MegatronChanges:
+           method: Method, window_bytes: int = WINDOW_BYTES) -> MegatronChanges:
     """Hook ``method``'s detector into a megatron-core optimizer built over ``model``.
+
+    ``window_bytes`` bounds what ``collect`` gathers over a data-parallel group at once
+    (``DTE_INVERSION_ALLREDUCE_WINDOW_MB``).
 
     Raises:
         UnsupportedModelError: ``Method.SNAPSHOT`` (keep a ``dte_detector.Snapshot``
             instead); an optimizer without the tested megatron-core structures; a setup
             whose copies the hooks cannot see (precision-aware optimizer, fp8 params,
-            Megatron-FSDP, ``overlap_param_gather``); data-parallel size above 1 (the
-            union of the ranks' change sets is not built yet).
+            Megatron-FSDP, ``overlap_param_gather``).
     """
     if method == Method.SNAPSHOT:
         raise UnsupportedModelError("method", expected="adamw or cast", got="snapshot")
@@ -169,7 +189,7 @@ def attach(optimizer: object, model: torch.nn.Module | Sequence[torch.nn.Module]
     for inner in inners:
         _check_setup(inner)
     shards = [s for inner in inners for s in main_shards(inner, names)]
-    return MegatronChanges(inners, shards, method)
+    return MegatronChanges(inners, shards, method, window_bytes)
 
 
 def _check_setup(inner: object) -> None:
@@ -183,10 +203,6 @@ def _check_setup(inner: object) -> None:
     for key, on in refused.items():
         if on:
             raise UnsupportedModelError(key, expected=False, got=True)
-    group = getattr(inner, "data_parallel_group", None)
-    if group is not None and torch.distributed.get_world_size(group) > 1:
-        raise UnsupportedModelError("data-parallel size", expected=1,
-                                    got=torch.distributed.get_world_size(group))
 
 
 def _wrap(obj: object, method: str, call: Callable[[], None]) -> None:
