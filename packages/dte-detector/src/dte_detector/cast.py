@@ -42,7 +42,7 @@ class CastDetector:
     def __init__(self) -> None:
         self._dirty: dict[str, torch.Tensor] = {}
         self._first_seen: dict[str, list[tuple[torch.Tensor, torch.Tensor]]] = {}
-        self._workspace = None
+        self._scratch = None
 
     def record(self, name: str, master: torch.Tensor, model: torch.Tensor) -> None:
         """Mark what the coming ``model.copy_(master)`` will change; call it before the copy."""
@@ -67,17 +67,21 @@ class CastDetector:
 
     def _record_fused(self, name: str, master: torch.Tensor, model: torch.Tensor, *,
                       copy: bool) -> None:
-        from .cast_kernel import record_flat
+        from .cast_kernel import Scratch, record_flat
 
         dirty = self._dirty.get(name)
         if dirty is None:
             dirty = torch.zeros(-(-model.numel() // 8), dtype=torch.uint8, device=model.device)
             self._dirty[name] = dirty
-        self._workspace, fresh, old = record_flat(
-            self._workspace, dirty, master.detach().reshape(-1), model.detach().view(-1),
-            copy=copy)
+        self._scratch = self._scratch or Scratch()
+        fresh, old, done = record_flat(self._scratch, dirty, master.detach().reshape(-1),
+                                       model.detach().view(-1), copy=copy)
         if fresh.numel():
             self._first_seen.setdefault(name, []).append((fresh, old))
+        if not done:  # a tile had too many first-seen flips to stage: the reference does it
+            self._record(name, master, model)
+            if copy:
+                model.copy_(master)
 
     def _record(self, name: str, master: torch.Tensor, model: torch.Tensor) -> None:
         flat = model.detach().reshape(-1)

@@ -13,14 +13,14 @@ handling as ``inversion._invert_chunk``, with the same fp32 roundings in the sam
 * the payload casts are the hardware's round-to-nearest-even ``cvt.rn`` that torch's CUDA
   casts use too (NaN becomes the canonical ``0x7FFF`` in both).
 
-``_mark`` reads ``p``, ``m``, ``v`` once (12 bytes per element) and writes one changed bit
-per element, a count per program and, where at most ``1 / SLAB_FRACTION`` of the
-program's elements changed, their offsets and bounds into the program's slab (0.75 bytes
-of scratch per element); a cumulative sum of the counts gives each program's first output
-slot, and ``_gather`` moves the slabs there, in index order (as ``torch.nonzero``). If
-any program had more changes than its slab holds, ``_compact`` turns the bits into sorted
-indices instead and ``_bounds`` gathers ``p``, ``m``, ``v`` at them to recompute the
-bounds (dense changes make that gather cheap per element).
+``_mark`` reads ``p``, ``m``, ``v`` once (12 bytes per element), tile by tile
+(``staging.py``), and writes one changed bit per element, a count per tile and, where at
+most ``1 / SLAB_FRACTION`` of a tile's elements changed, their offsets and bounds into
+the tile's slab (0.75 bytes of scratch per element); ``staging.gather`` moves the slabs
+into sorted outputs (as ``torch.nonzero`` would order them). If any tile had more changes
+than its slab holds, ``_compact`` turns the bits into sorted indices instead and
+``_bounds`` gathers ``p``, ``m``, ``v`` at them to recompute the bounds (dense changes
+make that gather cheap per element).
 
 The term ``mu`` needs an IEEE division ``1 / d`` per element; where it is below half an
 ulp of the rest of the guard it cannot change the rounded sum, so a tile computes it only
@@ -38,11 +38,13 @@ import triton.language as tl
 
 from .changes import ChangeSet, index_dtype
 from .inversion import _HALF_ETA, AdamWStep, _corrections, decay_factor, guard_scalars
+from .staging import gather, programs, slots, stage, tile_offsets
 
-ROWS = 512
-"""Bytes of changed bits per program: a program owns ``ROWS * 8`` elements as a
-``[ROWS, 8]`` tile, so that packing bits and counting are reductions along rows."""
-WARPS = 8
+ROWS = 128
+"""Bytes of changed bits per tile of ``ROWS * 8`` elements (``staging.py``)."""
+WARPS = 4
+WAVES = 8
+"""Programs per multiprocessor (``staging.programs``)."""
 SLAB_FRACTION = 8
 """A program stages at most ``1 / SLAB_FRACTION`` of its elements as changed; a tensor
 with a denser program takes the two-pass path (``_compact`` + ``_bounds``)."""
@@ -127,68 +129,48 @@ def _verdict(p, m, v, inv_sqrt_bc2, eps, step_size, inv_decay, relative, bias, f
 
 
 @triton.jit
-def _tile(block, ROWS: tl.constexpr):
-    """Flat offsets of a program's ``[ROWS, 8]`` tile, its column numbers and offsets in it."""
-    local = tl.arange(0, ROWS)[:, None] * 8 + tl.arange(0, 8)[None, :]
-    return block * (ROWS * 8) + local, tl.arange(0, 8)[None, :], local
+def _load(p_ptr, m_ptr, v_ptr, tile, numel, ROWS: tl.constexpr):
+    offsets, _, _ = tile_offsets(tile, ROWS)
+    inside = offsets < numel
+    return (tl.load(p_ptr + offsets, mask=inside, other=0.0, eviction_policy="evict_first"),
+            tl.load(m_ptr + offsets, mask=inside, other=0.0, eviction_policy="evict_first"),
+            tl.load(v_ptr + offsets, mask=inside, other=0.0, eviction_policy="evict_first"))
 
 
-@triton.jit(do_not_specialize=["numel"])
-def _mark(p_ptr, m_ptr, v_ptr, bits_ptr, counts_ptr, slab_ptr, numel, inv_sqrt_bc2, eps,
-          step_size, inv_decay, relative, bias, floor, underflow, half_eta,
+@triton.jit(do_not_specialize=["tiles"])
+def _mark(p_ptr, m_ptr, v_ptr, bits_ptr, counts_ptr, slab_ptr, numel, tiles, inv_sqrt_bc2,
+          eps, step_size, inv_decay, relative, bias, floor, underflow, half_eta,
           DECAY_IS_ONE: tl.constexpr, PAYLOAD: tl.constexpr, ROWS: tl.constexpr,
           SLAB: tl.constexpr):
-    """Changed bits and count of one tile; if at most SLAB changed, their tile offsets and
-    bounds staged as three int16 rows of the program's slab."""
-    block = tl.program_id(0).to(tl.int64)
-    offsets, columns, local = _tile(block, ROWS)
-    inside = offsets < numel
-    p = tl.load(p_ptr + offsets, mask=inside, other=0.0, eviction_policy="evict_first")
-    m = tl.load(m_ptr + offsets, mask=inside, other=0.0, eviction_policy="evict_first")
-    v = tl.load(v_ptr + offsets, mask=inside, other=0.0, eviction_policy="evict_first")
-    changed, low, high = _verdict(p, m, v, inv_sqrt_bc2, eps, step_size, inv_decay, relative,
-                                  bias, floor, underflow, half_eta, DECAY_IS_ONE, PAYLOAD)
-    flags = (changed & inside).to(tl.int32)
-    tl.store(bits_ptr + block * ROWS + tl.arange(0, ROWS),
-             tl.sum(flags << columns, axis=1).to(tl.uint8))
-    per_row = tl.sum(flags, axis=1)
-    count = tl.sum(per_row, axis=0)
-    tl.store(counts_ptr + block, count)
-    if count <= SLAB:
-        slots = (tl.cumsum(per_row, axis=0) - per_row)[:, None] + tl.cumsum(flags, axis=1) - flags
-        slab = slab_ptr + block * (3 * SLAB) + slots
-        tl.store(slab, local.to(tl.int16), mask=flags != 0)
-        tl.store(slab + SLAB, low.to(tl.int16), mask=flags != 0)
-        tl.store(slab + 2 * SLAB, high.to(tl.int16), mask=flags != 0)
-
-
-@triton.jit
-def _gather(counts_ptr, starts_ptr, slab_ptr, index_ptr, low_ptr, high_ptr,
-            ROWS: tl.constexpr, SLAB: tl.constexpr):
-    """Move one program's staged changes to their sorted place in the outputs."""
-    block = tl.program_id(0).to(tl.int64)
-    slots = tl.arange(0, SLAB)
-    staged = slots < tl.load(counts_ptr + block)
-    at = tl.load(starts_ptr + block) + slots
-    slab = slab_ptr + block * (3 * SLAB) + slots
-    local = tl.load(slab, mask=staged, other=0).to(tl.int64)
-    tl.store(index_ptr + at, (block * (ROWS * 8) + local).to(index_ptr.dtype.element_ty),
-             mask=staged)
-    tl.store(low_ptr + at, tl.load(slab + SLAB, mask=staged), mask=staged)
-    tl.store(high_ptr + at, tl.load(slab + 2 * SLAB, mask=staged), mask=staged)
+    """Per tile: changed bits and count; if at most SLAB changed, their tile offsets and
+    bounds staged as three int16 rows of the tile's slab. Reads the next tile first."""
+    first, step = tl.program_id(0), tl.num_programs(0)
+    p, m, v = _load(p_ptr, m_ptr, v_ptr, first, numel, ROWS)
+    for tile in range(first, tiles, step):
+        p_next, m_next, v_next = _load(p_ptr, m_ptr, v_ptr, tile + step, numel, ROWS)
+        offsets, columns, local = tile_offsets(tile, ROWS)
+        changed, low, high = _verdict(p, m, v, inv_sqrt_bc2, eps, step_size, inv_decay,
+                                      relative, bias, floor, underflow, half_eta,
+                                      DECAY_IS_ONE, PAYLOAD)
+        flags = (changed & (offsets < numel)).to(tl.int32)
+        tl.store(bits_ptr + tl.cast(tile, tl.int64) * ROWS + tl.arange(0, ROWS),
+                 tl.sum(flags << columns, axis=1).to(tl.uint8))
+        count = tl.sum(tl.sum(flags, axis=1), axis=0)
+        tl.store(counts_ptr + tile, count)
+        if count <= SLAB:
+            stage(slab_ptr, tile, flags, local, low, high, 2, SLAB)
+        p, m, v = p_next, m_next, v_next
 
 
 @triton.jit
 def _compact(bits_ptr, starts_ptr, index_ptr, ROWS: tl.constexpr):
     """Sorted indices of one tile's changed bits (the path for dense changes)."""
-    block = tl.program_id(0).to(tl.int64)
-    offsets, columns, _ = _tile(block, ROWS)
-    packed = tl.load(bits_ptr + block * ROWS + tl.arange(0, ROWS)).to(tl.int32)
+    tile = tl.program_id(0)
+    offsets, columns, _ = tile_offsets(tile, ROWS)
+    packed = tl.load(bits_ptr + tl.cast(tile, tl.int64) * ROWS + tl.arange(0, ROWS)).to(tl.int32)
     flags = (packed[:, None] >> columns) & 1
-    per_row = tl.sum(flags, axis=1)
-    slots = (tl.load(starts_ptr + block) + tl.cumsum(per_row, axis=0) - per_row)[:, None] + (
-        tl.cumsum(flags, axis=1) - flags)
-    tl.store(index_ptr + slots, offsets.to(index_ptr.dtype.element_ty), mask=flags != 0)
+    at = tl.load(starts_ptr + tile) + slots(flags)
+    tl.store(index_ptr + at, offsets.to(index_ptr.dtype.element_ty), mask=flags != 0)
 
 
 @triton.jit(do_not_specialize=["total"])
@@ -196,16 +178,16 @@ def _bounds(p_ptr, m_ptr, v_ptr, index_ptr, low_ptr, high_ptr, total, inv_sqrt_b
             step_size, inv_decay, relative, bias, floor, underflow, half_eta,
             DECAY_IS_ONE: tl.constexpr, PAYLOAD: tl.constexpr, BLOCK: tl.constexpr):
     """Bounds of the changed elements, gathered by index (the path for dense changes)."""
-    slots = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    inside = slots < total
-    at = tl.load(index_ptr + slots, mask=inside, other=0)
+    rank = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    inside = rank < total
+    at = tl.load(index_ptr + rank, mask=inside, other=0)
     p = tl.load(p_ptr + at, mask=inside, other=0.0)
     m = tl.load(m_ptr + at, mask=inside, other=0.0)
     v = tl.load(v_ptr + at, mask=inside, other=0.0)
     _, low, high = _verdict(p, m, v, inv_sqrt_bc2, eps, step_size, inv_decay, relative, bias,
                             floor, underflow, half_eta, DECAY_IS_ONE, PAYLOAD)
-    tl.store(low_ptr + slots, low.to(tl.int16), mask=inside)
-    tl.store(high_ptr + slots, high.to(tl.int16), mask=inside)
+    tl.store(low_ptr + rank, low.to(tl.int16), mask=inside)
+    tl.store(high_ptr + rank, high.to(tl.int16), mask=inside)
 
 
 _PAYLOAD = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
@@ -215,30 +197,31 @@ def invert_flat(p: torch.Tensor, m: torch.Tensor, v: torch.Tensor, h: AdamWStep,
                 dtype: torch.dtype, guard_ulps: float) -> ChangeSet:
     """``invert_adamw`` over flat fp32 CUDA tensors for a bf16 or fp16 payload.
 
-    Synchronises once with the host, to size the outputs.
+    Synchronises with the host once, to size the outputs.
     """
     assert ROWS * 8 <= 1 << 15, "tile offsets are staged as int16"
     p, m, v = (t.contiguous() for t in (p, m, v))
     numel, device = p.numel(), p.device
-    blocks = triton.cdiv(numel, ROWS * 8)
+    tiles = triton.cdiv(numel, ROWS * 8)
     slab = ROWS * 8 // SLAB_FRACTION
-    bits = torch.empty(blocks * ROWS, dtype=torch.uint8, device=device)
-    counts = torch.empty(blocks, dtype=torch.int32, device=device)
-    staged = torch.empty(blocks * 3 * slab, dtype=torch.int16, device=device)
+    bits = torch.empty(tiles * ROWS, dtype=torch.uint8, device=device)
+    counts = torch.empty(tiles, dtype=torch.int32, device=device)
+    staged = torch.empty(tiles * 3 * slab, dtype=torch.int16, device=device)
     scalars = _scalars(h, guard_ulps)
     constants = {"DECAY_IS_ONE": decay_factor(h) == 1.0, "PAYLOAD": _PAYLOAD[dtype], **_FIXED}
     with torch.cuda.device(device.index):
-        _mark[(blocks,)](p, m, v, bits, counts, staged, numel, *scalars, ROWS=ROWS, SLAB=slab,
-                         num_warps=WARPS, **constants)
+        _mark[(programs(tiles, device, waves=WAVES),)](
+            p, m, v, bits, counts, staged, numel, tiles, *scalars, ROWS=ROWS, SLAB=slab,
+            num_warps=WARPS, **constants)
         ends = torch.cumsum(counts, 0)
         total, dense = torch.stack([ends[-1], (counts > slab).sum()]).tolist()
+        if not dense:
+            indices, bounds = gather(counts, ends, total, staged, numel, values=2, rows=ROWS,
+                                     capacity=slab)
+            return ChangeSet(indices, bounds[0].view(dtype), bounds[1].view(dtype))
         indices = torch.empty(total, dtype=index_dtype(numel), device=device)
         low, high = (torch.empty(total, dtype=torch.int16, device=device) for _ in range(2))
-        if total and not dense:
-            _gather[(blocks,)](counts, ends - counts, staged, indices, low, high, ROWS=ROWS,
-                               SLAB=slab, num_warps=WARPS)
-        elif total:
-            _compact[(blocks,)](bits, ends - counts, indices, ROWS=ROWS, num_warps=WARPS)
-            _bounds[(triton.cdiv(total, 1024),)](p, m, v, indices, low, high, total, *scalars,
-                                                 BLOCK=1024, num_warps=4, **constants)
+        _compact[(tiles,)](bits, ends - counts, indices, ROWS=ROWS, num_warps=WARPS)
+        _bounds[(triton.cdiv(total, 1024),)](p, m, v, indices, low, high, total, *scalars,
+                                             BLOCK=1024, num_warps=4, **constants)
     return ChangeSet(indices, low.view(dtype), high.view(dtype))

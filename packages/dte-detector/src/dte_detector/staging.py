@@ -1,0 +1,82 @@
+"""Tiles and staged compaction shared by the Triton detection kernels.
+
+A program of a detection kernel walks ``[ROWS, 8]`` tiles of a flat tensor (one byte of
+packed bits per row), reading the next tile while it works on the current one (a few
+programs per multiprocessor, so that loads stay in flight during the arithmetic). It stages
+the selected elements of a tile (their offset in the tile, as int16, and int16 values)
+in the tile's slab of ``SLAB`` slots, in index order; a cumulative sum of the per-tile
+counts gives each tile's first output slot, and ``gather`` moves the slabs there: sorted
+flat indices and their values, as ``torch.nonzero`` and a gather would give them.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .changes import index_dtype
+
+@triton.jit
+def tile_offsets(tile, ROWS: tl.constexpr):
+    """Flat offsets of a ``[ROWS, 8]`` tile, its column numbers, and offsets within it."""
+    local = tl.arange(0, ROWS)[:, None] * 8 + tl.arange(0, 8)[None, :]
+    return tl.cast(tile, tl.int64) * (ROWS * 8) + local, tl.arange(0, 8)[None, :], local
+
+
+@triton.jit
+def slots(flags):
+    """Each flagged element's rank among the tile's flagged elements, in index order."""
+    per_row = tl.sum(flags, axis=1)
+    return (tl.cumsum(per_row, axis=0) - per_row)[:, None] + tl.cumsum(flags, axis=1) - flags
+
+
+@triton.jit
+def stage(slab_ptr, tile, flags, local, first, second, VALUES: tl.constexpr,
+          SLAB: tl.constexpr):
+    """Stage the flagged elements' tile offsets and ``VALUES`` (1 or 2) int16 values,
+    ``first`` then ``second``, in the tile's slab, in index order."""
+    slab = slab_ptr + tl.cast(tile, tl.int64) * ((1 + VALUES) * SLAB) + slots(flags)
+    tl.store(slab, local.to(tl.int16), mask=flags != 0)
+    tl.store(slab + SLAB, first.to(tl.int16), mask=flags != 0)
+    if VALUES == 2:
+        tl.store(slab + 2 * SLAB, second.to(tl.int16), mask=flags != 0)
+
+
+@triton.jit(do_not_specialize=["total"])
+def _gather(counts_ptr, starts_ptr, slab_ptr, index_ptr, values_ptr, total,
+            VALUES: tl.constexpr, ROWS: tl.constexpr, SLAB: tl.constexpr):
+    tile = tl.program_id(0).to(tl.int64)
+    slot = tl.arange(0, SLAB)
+    staged = slot < tl.load(counts_ptr + tile)
+    at = tl.load(starts_ptr + tile) + slot
+    slab = slab_ptr + tile * ((1 + VALUES) * SLAB) + slot
+    local = tl.load(slab, mask=staged, other=0).to(tl.int64)
+    tl.store(index_ptr + at, (tile * (ROWS * 8) + local).to(index_ptr.dtype.element_ty),
+             mask=staged)
+    for row in tl.static_range(VALUES):
+        tl.store(values_ptr + row * total + at, tl.load(slab + (1 + row) * SLAB, mask=staged),
+                 mask=staged)
+
+
+def programs(tiles: int, device: torch.device, *, waves: int) -> int:
+    """How many programs walk ``tiles`` tiles on ``device``: ``waves`` per multiprocessor,
+    each taking tiles ``program, program + programs, ...``."""
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    return max(1, min(tiles, sms * waves))
+
+
+def gather(counts: torch.Tensor, ends: torch.Tensor, total: int, slab: torch.Tensor,
+           numel: int, *, values: int, rows: int, capacity: int
+           ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sorted flat indices and a ``[values, total]`` int16 tensor of the staged elements.
+
+    ``counts`` holds each tile's staged count (0 for a tile that staged nothing), ``ends``
+    their cumulative sum and ``total`` its last element.
+    """
+    indices = torch.empty(total, dtype=index_dtype(numel), device=counts.device)
+    staged = torch.empty((values, total), dtype=torch.int16, device=counts.device)
+    if total:
+        _gather[(counts.numel(),)](counts, ends - counts, slab, indices, staged, total,
+                                   VALUES=values, ROWS=rows, SLAB=capacity, num_warps=4)
+    return indices, staged
