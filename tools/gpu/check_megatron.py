@@ -260,11 +260,11 @@ def worker(rank: int, args: argparse.Namespace) -> None:
 
 def report(results, optimizer, step_ms, hooked, bound, args) -> None:
     rows, numel, bandwidth = results["rows"], results["params"], 6 * results["params"] / bound
+    inners = [type(o).__name__ for o in getattr(optimizer, "chained_optimizers", [optimizer])]
     print(f"dp {args.dp}; copy bandwidth {bandwidth / 1e9:.2f} TB/s; bounds: inversion "
           f"{results['bounds_ms']['adamw']:.2f} ms, compare-and-copy "
           f"{results['bounds_ms']['cast']:.2f} ms; optimizer "
-          f"{type(optimizer).__name__} of {[type(o).__name__ for o in getattr(optimizer, 'chained_optimizers', [optimizer])]}",
-          flush=True)
+          f"{type(optimizer).__name__} of {inners}", flush=True)
     for method in METHODS:
         deltas = [r[method.value] for r in rows if "missed" in r[method.value]]
         fulls = sorted({r[method.value]["full"] for r in rows if "full" in r[method.value]})

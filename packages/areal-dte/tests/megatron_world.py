@@ -72,8 +72,8 @@ def run(rank: int, world: int, init: str, config: ModelConfig, rollout_tp: int,
     torch.manual_seed(rank)
     shard = megatron_shard(config, MegatronLayout(tp=world), rank=rank)
     model = {n: p.detach() for n, p in gpt_model(config).named_parameters()}
-    lines = [f"names and shapes equal: "
-             f"{ {n: tuple(s.shape) for n, s in shard.tensors.items()} == {n: tuple(p.shape) for n, p in model.items()} }"]
+    layout = {n: tuple(s.shape) for n, s in shard.tensors.items()}
+    lines = [f"names and shapes equal: {layout == {n: tuple(p.shape) for n, p in model.items()}}"]
     old = {n: model[n].to(spec.dtype) for n, spec in shard.tensors.items()}
     gen = torch.Generator().manual_seed(100 + rank)
     new = {n: (t.float() * (1 + 0.05 * (torch.rand(t.shape, generator=gen) < 0.1))).to(t.dtype)

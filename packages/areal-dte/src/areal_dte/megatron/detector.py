@@ -194,15 +194,22 @@ def attach(optimizer: object, model: torch.nn.Module | Sequence[torch.nn.Module]
 
 def _check_setup(inner: object) -> None:
     config, ddp = getattr(inner, "config", None), getattr(inner, "ddp_config", None)
-    refused = {
-        "use_precision_aware_optimizer": getattr(config, "use_precision_aware_optimizer", False),
-        "fp8_param_gather": getattr(config, "fp8_param_gather", False),
-        "use_megatron_fsdp": getattr(ddp, "use_megatron_fsdp", False),
-        "overlap_param_gather": getattr(ddp, "overlap_param_gather", False),
+    refused = {  # key: (on, why the hooks cannot vouch for it)
+        "use_precision_aware_optimizer": (
+            getattr(config, "use_precision_aware_optimizer", False),
+            "the inner optimizer writes the model params itself, past the hooked copy"),
+        "fp8_param_gather": (getattr(config, "fp8_param_gather", False),
+                             "fp8 params are quantised outside the hooked copy"),
+        "use_megatron_fsdp": (getattr(ddp, "use_megatron_fsdp", False),
+                              "Megatron-FSDP copies through its own buffers"),
+        "overlap_param_gather": (
+            getattr(ddp, "overlap_param_gather", False),
+            "the params are gathered during the next forward, after a sync would read them"),
     }
-    for key, on in refused.items():
+    for key, (on, why) in refused.items():
         if on:
-            raise UnsupportedModelError(key, expected=False, got=True)
+            raise UnsupportedModelError(key, expected=f"False ({why}; switch it off or use "
+                                        "the snapshot detector)", got=True)
 
 
 def _wrap(obj: object, method: str, call: Callable[[], None]) -> None:

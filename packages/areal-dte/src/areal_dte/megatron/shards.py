@@ -23,6 +23,8 @@ TESTED = ("0.16.1", "0.17.0")
 _DISTRIBUTED = ("shard_fp32_from_float16_groups", "model_float16_groups", "shard_fp32_groups",
                 "model_fp32_groups", "_get_model_param_range_map",
                 "_copy_main_params_to_model_params", "optimizer")
+_PAYLOAD_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+"""Model param dtypes the detectors compare bit for bit (fp8 params are refused)."""
 _MIXED = ("fp32_from_float16_groups", "float16_groups", "fp32_from_fp32_groups",
           "_copy_main_params_to_model_params", "optimizer")
 
@@ -89,6 +91,9 @@ def main_shards(inner: object, names: dict[int, str]) -> Iterator[MainShard]:
                 if id(param) not in names:
                     raise UnsupportedModelError("optimizer param", expected="a param of the model",
                                                 got=f"one of shape {tuple(param.shape)}")
+                if param.dtype not in _PAYLOAD_DTYPES:
+                    raise UnsupportedModelError(f"param {names[id(param)]!r} dtype",
+                                                expected=_PAYLOAD_DTYPES, got=param.dtype)
                 start = inner._get_model_param_range_map(param)["param"].start if distributed else 0
                 yield MainShard(names[id(param)], main, param, start)
 
