@@ -49,7 +49,7 @@ SLAB_FRACTION = 8
 """A program stages at most ``1 / SLAB_FRACTION`` of its elements as changed; a tensor
 with a denser program takes the two-pass path (``_compact`` + ``_bounds``)."""
 _FIXED = {"enable_fp_fusion": False}
-# mu * 2**100 < (underflow * 2**25 * 1.01) / d + 2**-48 and guard * 2**-25 <= ulp(guard) / 2,
+# mu * 2**100 < underflow * 2**25 * 1.01 / d + 2**-48 and guard * 2**-25 <= ulp(guard) / 2,
 # scaled by 2**100 to stay in fp32's normal range (a proof in ``_verdict``'s docstring).
 _MU_SCALE: tl.constexpr = tl.constexpr(2.0**25 * 1.01)
 _MU_FLOOR: tl.constexpr = tl.constexpr(2.0**-48)
@@ -94,9 +94,10 @@ def _verdict(p, m, v, inv_sqrt_bc2, eps, step_size, inv_decay, relative, bias, f
     """``(changed, low bits, high bits)`` of ``_invert_chunk``, op for op.
 
     ``mu = fl(fl(fl(1 / d) * underflow) * half_eta) <= underflow * 2**-75 / d * (1 + 2**-22)
-    + 2**-150``; if ``underflow * 2**25 * 1.01 / d + 2**-48 <= guard * 2**75`` (evaluated
-    in fp32 with an approximate quotient: the 1 % and the 4x floor cover its roundings),
-    then ``mu < guard * 2**-25 <= ulp(guard) / 2`` and ``fl(guard + mu) == guard``.
+    + 2**-150``; if ``underflow * 2**25 * 1.01 <= (guard * 2**75 - 2**-48) * d``
+    (evaluated in fp32: the 1 % and the 4x floor cover its three roundings; a zero, NaN
+    or negative right side fails it), then ``mu < guard * 2**-25 <= ulp(guard) / 2`` and
+    ``fl(guard + mu) == guard``.
     """
     d = tl.sqrt_rn(v) * inv_sqrt_bc2 + eps
     u = tl.div_rn(m, d) * step_size
@@ -106,8 +107,8 @@ def _verdict(p, m, v, inv_sqrt_bc2, eps, step_size, inv_decay, relative, bias, f
     guard = guard + size * bias
     guard = guard + floor
     # mu < ulp(guard) / 2 leaves guard + mu == guard: skip its IEEE division unless some
-    # element of the tile needs it (the approximate quotient's 1 % covers its 2 ulps).
-    negligible = underflow * _MU_SCALE / d + _MU_FLOOR <= guard * _GUARD_SCALE
+    # element of the tile needs it (a conservative test without a division).
+    negligible = underflow * _MU_SCALE <= (guard * _GUARD_SCALE - _MU_FLOOR) * d
     if tl.min(negligible.to(tl.int32)) == 0:
         guard = guard + tl.div_rn(tl.full(d.shape, 1.0, tl.float32), d) * underflow * half_eta
     low = _payload_bits(e - guard, PAYLOAD)

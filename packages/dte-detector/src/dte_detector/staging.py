@@ -17,6 +17,9 @@ import triton.language as tl
 
 from .changes import index_dtype
 
+_GATHER_SLOTS = 4096
+"""Slab slots one ``_gather`` program moves (a few tiles' worth)."""
+
 @triton.jit
 def tile_offsets(tile, ROWS: tl.constexpr):
     """Flat offsets of a ``[ROWS, 8]`` tile, its column numbers, and offsets within it."""
@@ -43,13 +46,16 @@ def stage(slab_ptr, tile, flags, local, first, second, VALUES: tl.constexpr,
         tl.store(slab + 2 * SLAB, second.to(tl.int16), mask=flags != 0)
 
 
-@triton.jit(do_not_specialize=["total"])
-def _gather(counts_ptr, starts_ptr, slab_ptr, index_ptr, values_ptr, total,
-            VALUES: tl.constexpr, ROWS: tl.constexpr, SLAB: tl.constexpr):
-    tile = tl.program_id(0).to(tl.int64)
-    slot = tl.arange(0, SLAB)
-    staged = slot < tl.load(counts_ptr + tile)
-    at = tl.load(starts_ptr + tile) + slot
+@triton.jit(do_not_specialize=["tiles", "total"])
+def _gather(counts_ptr, starts_ptr, slab_ptr, index_ptr, values_ptr, tiles, total,
+            VALUES: tl.constexpr, ROWS: tl.constexpr, SLAB: tl.constexpr,
+            TILES: tl.constexpr):
+    """Move the slabs of ``TILES`` tiles to their sorted place in the outputs."""
+    tile = tl.program_id(0).to(tl.int64) * TILES + tl.arange(0, TILES)[:, None]
+    count = tl.load(counts_ptr + tile, mask=tile < tiles, other=0)
+    slot = tl.arange(0, SLAB)[None, :]
+    staged = slot < count
+    at = tl.load(starts_ptr + tile, mask=tile < tiles, other=0) + slot
     slab = slab_ptr + tile * ((1 + VALUES) * SLAB) + slot
     local = tl.load(slab, mask=staged, other=0).to(tl.int64)
     tl.store(index_ptr + at, (tile * (ROWS * 8) + local).to(index_ptr.dtype.element_ty),
@@ -77,6 +83,9 @@ def gather(counts: torch.Tensor, ends: torch.Tensor, total: int, slab: torch.Ten
     indices = torch.empty(total, dtype=index_dtype(numel), device=counts.device)
     staged = torch.empty((values, total), dtype=torch.int16, device=counts.device)
     if total:
-        _gather[(counts.numel(),)](counts, ends - counts, slab, indices, staged, total,
-                                   VALUES=values, ROWS=rows, SLAB=capacity, num_warps=4)
+        tiles = counts.numel()
+        per_program = max(1, _GATHER_SLOTS // capacity)
+        _gather[(triton.cdiv(tiles, per_program),)](
+            counts, ends - counts, slab, indices, staged, tiles, total, VALUES=values,
+            ROWS=rows, SLAB=capacity, TILES=per_program, num_warps=4)
     return indices, staged
