@@ -17,9 +17,10 @@ DELTA_IN_CLUSTER = ("actor.weight_update_delta_method=snapshot", "actor._version
                     "rollout._version=v1")
 """What the example needs on top to run the delta path in cluster mode today."""
 DELTA_OFF = ("actor.enable_delta_weight_update=false",)
-MEGATRON_STACK = any(importlib.util.find_spec(name) is not None
-                     for name in ("mbridge", "megatron"))
-"""Whether AReaL's Megatron engine could import here (it needs Python >= 3.12)."""
+MEGATRON_STACK = all(importlib.util.find_spec(name) is not None
+                     for name in ("mbridge", "megatron.core"))
+"""Whether AReaL's Megatron engine could import here: it imports mbridge (Python >= 3.12)
+as well as megatron-core, which the default environment has on its own."""
 
 
 def areal_or_skip():
