@@ -36,3 +36,13 @@ def test_bench_actor_checks_runs():
                      "--reps", "2")
     assert lines[0].startswith("8 tensors x 64 elements on cpu: checks ")
     assert lines[1].startswith("| 20") and lines[1].count("|") == 10
+
+
+def test_bench_sync_smoke_is_bitwise(tmp_path):
+    """The one-GPU sync benchmark on a tiny model on the CPU: one Markdown row whose last
+    column (every sync bitwise) is True, and its JSON and plot."""
+    (row,) = [line for line in run_tool("tools/bench_sync.py", "--smoke", "--steps", "2",
+                                        "--warmup-steps", "1", "--out", str(tmp_path))
+              if line.startswith("| 20")]
+    assert "True" == row.split("|")[-2].strip()
+    assert (tmp_path / "sync.json").exists() and (tmp_path / "sync.png").exists()
