@@ -7,15 +7,17 @@ sets drawn at --changed (3.3 %) per tensor: each changed element moved from its 
 +-1 ulp (87 %) or by up to +-64 ulps, bounds exact. In one process it times and profiles:
 
 * encode: ``encode_delta_per_tensor`` (the reference, the path before the batching) and
-  ``encode_delta`` (flat), checking that the bytes are identical;
-* decode: ``decode_per_entry`` and ``decode`` onto the GPU;
+  ``encode_delta_batched`` (flat; ``encode_delta``'s path on a GPU), checking that the
+  bytes are identical;
+* decode: ``decode_per_entry`` and ``decode_batched`` (``decode``'s path on a GPU);
 * values: ``values.decode_values`` per entry and ``flat_values.resolve_residues`` against
-  the receiver's base values; then ``apply_`` of the whole payload (flat path).
+  the receiver's base values; then ``apply_`` of the whole payload (flat path on a GPU).
 
 Per path: wall time (median of --reps after one warm-up, CUDA synchronized), and from one
 torch.profiler run the kernel launches, memcpys and host synchronizations
-(``cudaStreamSynchronize``, ``cudaDeviceSynchronize``, synchronous ``cudaMemcpy``) and
-the GPU kernel time. Prints one JSON object and Markdown rows for ``docs/benchmarks.md``.
+(``cudaStreamSynchronize``, ``cudaDeviceSynchronize``, synchronous ``cudaMemcpy``; those
+of an empty profiled window subtracted), the GPU kernel time and the top kernels. Prints
+one JSON object and Markdown rows for ``docs/benchmarks.md``.
 
     PYTHONPATH=packages/dte-codec/src:tools python3 tools/gpu/bench_codec_batched.py
     PYTHONPATH=packages/dte-codec/src:tools python3 tools/gpu/bench_codec_batched.py --smoke
@@ -34,9 +36,9 @@ import torch
 from provenance import git_sha, machine
 from torch.profiler import ProfilerActivity, profile
 
-from dte_codec import apply_, decode
-from dte_codec.decode import decode_per_entry
-from dte_codec.encode import encode_delta, encode_delta_per_tensor
+from dte_codec import apply_
+from dte_codec.decode import decode_batched, decode_per_entry
+from dte_codec.encode import encode_delta_batched, encode_delta_per_tensor
 from dte_codec.flat_values import resolve_residues
 from dte_codec.header import ValueEncoding
 from dte_codec.values import decode_values
@@ -145,7 +147,6 @@ def profiled(fn: Callable[[], object], device: torch.device) -> dict[str, float]
         device_time = getattr(event, "self_device_time_total", 0.0)
         if event.device_type == torch.autograd.DeviceType.CUDA:
             counts["kernel_ms"] += device_time / 1e3
-    counts["syncs"] -= 1  # the profiler window's own closing synchronize
     kernels = [e for e in prof.key_averages()
                if e.device_type == torch.autograd.DeviceType.CUDA]
     kernels.sort(key=lambda e: -getattr(e, "self_device_time_total", 0.0))
@@ -161,11 +162,15 @@ def measure(name: str, fn: Callable[[], object], a: argparse.Namespace,
         torch.cuda.reset_peak_memory_stats(device)
         before = torch.cuda.memory_allocated(device)
     times, out = timed(fn, a.reps, device)
+    counts = profiled(fn, device)
+    for key, baseline in profiled(lambda: None, device).items():
+        if key in ("launches", "memcpys", "syncs"):
+            counts[key] -= baseline  # the profiler window's own (its closing synchronize)
     extra = {}
     if device.type == "cuda":
         extra["peak_extra_gb"] = (torch.cuda.max_memory_allocated(device) - before) / 1e9
     results[name] = {"median_ms": statistics.median(times), "times_ms": times, **extra,
-                     **profiled(fn, device)}
+                     **counts}
     print(name, json.dumps(results[name]), flush=True)
     return out
 
@@ -180,7 +185,7 @@ def main() -> None:
     args = {"stream_id": "bench", "base_version": 0, "version": 1}
     ref = measure("encode_reference", lambda: encode_delta_per_tensor(weights, changes, **args),
                   a, device, results)
-    flat = measure("encode_flat", lambda: encode_delta(weights, changes, **args), a, device,
+    flat = measure("encode_flat", lambda: encode_delta_batched(weights, changes, **args), a, device,
                    results)
     results["bytes_identical"] = ref == flat
     results["payload_bytes"] = len(flat)
@@ -188,7 +193,8 @@ def main() -> None:
     del ref
     measure("decode_reference", lambda: decode_per_entry(flat, device=device), a, device,
             results)
-    payload = measure("decode_flat", lambda: decode(flat, device=device), a, device, results)
+    payload = measure("decode_flat", lambda: decode_batched(flat, device=device), a, device,
+                      results)
     residue = [(e, w, v) for e, w, v in zip(payload.header.entries, payload.indices,
                                             payload.values)
                if e.value_encoding == ValueEncoding.RESIDUE]

@@ -1,6 +1,7 @@
 """The batched delta encoder writes exactly the reference encoder's bytes and the batched
 decoder finds exactly the reference decoder's indices and errors, each with a fixed
-number of host synchronizations."""
+number of host synchronizations. (``encode_delta`` and ``decode`` take the batched paths
+on a GPU only; here they are called directly, on the CPU.)"""
 
 from __future__ import annotations
 
@@ -9,9 +10,8 @@ import pytest
 import torch
 import struct
 
-from dte_codec import decode
-from dte_codec.decode import decode_per_entry
-from dte_codec.encode import encode_delta, encode_delta_per_tensor
+from dte_codec.decode import decode_batched, decode_per_entry
+from dte_codec.encode import encode_delta_batched, encode_delta_per_tensor
 from dte_codec.errors import CodecError, EncodeError
 from dte_codec.fields import Body, Segments
 from dte_codec.flat_encode import choose_indices
@@ -80,7 +80,7 @@ def test_flat_encoder_writes_the_reference_bytes(cases):
     changes = {f"t{i}": change for i, (_, change) in enumerate(cases)}
     expected = encode_delta_per_tensor(tensors, changes, stream_id="s", base_version=4,
                                        version=5)
-    actual = encode_delta(tensors, changes, stream_id="s", base_version=4, version=5)
+    actual = encode_delta_batched(tensors, changes, stream_id="s", base_version=4, version=5)
     note(f"{len(expected)} vs {len(actual)} bytes")
     assert expected == actual
 
@@ -101,8 +101,8 @@ def test_flat_decoder_finds_the_change_sets(cases):
     """Decoding a delta gives back every change set's indices, as the reference does."""
     tensors = {f"t{i}": tensor for i, (tensor, _) in enumerate(cases)}
     changes = {f"t{i}": change for i, (_, change) in enumerate(cases)}
-    data = encode_delta(tensors, changes, stream_id="s", base_version=4, version=5)
-    payload = decode(data)
+    data = encode_delta_batched(tensors, changes, stream_id="s", base_version=4, version=5)
+    payload = decode_batched(data)
     _same_payload(decode_per_entry(data), payload)
     for entry, where in zip(payload.header.entries, payload.indices):
         if isinstance(where, torch.Tensor):
@@ -114,7 +114,7 @@ def test_flat_decoder_rejects_what_the_reference_rejects(cases, data):
     """Body bytes overwritten (digest recomputed): the same error, or the same payload."""
     tensors = {f"t{i}": tensor for i, (tensor, _) in enumerate(cases)}
     changes = {f"t{i}": change for i, (_, change) in enumerate(cases)}
-    payload = bytearray(encode_delta(tensors, changes, stream_id="s", base_version=4,
+    payload = bytearray(encode_delta_batched(tensors, changes, stream_id="s", base_version=4,
                                      version=5))
     start = len(payload) - Header.unpack(memoryview(payload))[0].body_size()
     if start == len(payload):
@@ -124,7 +124,7 @@ def test_flat_decoder_rejects_what_the_reference_rejects(cases, data):
         payload[at] = data.draw(st.sampled_from([0, 1, 0x80, 0xFF, payload[at] ^ 1]))
     struct.pack_into("<Q", payload, DIGEST_OFFSET, payload_digest(payload))
     outcomes = []
-    for decoder in (decode_per_entry, decode):
+    for decoder in (decode_per_entry, decode_batched):
         try:
             outcomes.append(decoder(bytes(payload)))
         except CodecError as exc:
@@ -142,7 +142,8 @@ def test_flat_residues_resolve_as_the_reference(cases, inside, seed):
     gen = torch.Generator().manual_seed(seed)
     tensors = {f"t{i}": tensor for i, (tensor, _) in enumerate(cases)}
     changes = {f"t{i}": change for i, (_, change) in enumerate(cases)}
-    payload = decode(encode_delta(tensors, changes, stream_id="s", base_version=4, version=5))
+    payload = decode_batched(encode_delta_batched(tensors, changes, stream_id="s",
+                                                  base_version=4, version=5))
     picked = [(e, w, v) for e, w, v in zip(payload.header.entries, payload.indices,
                                            payload.values)
               if e.value_encoding == ValueEncoding.RESIDUE]
@@ -194,7 +195,7 @@ def test_bad_change_set_raises_the_reference_error(indices):
     changes = {"ok": Change(torch.tensor([1]), low[:1], low[:1]),
                "w": Change(torch.tensor(indices), low, low)}
     messages = []
-    for encoder in (encode_delta_per_tensor, encode_delta):
+    for encoder in (encode_delta_per_tensor, encode_delta_batched):
         with pytest.raises(EncodeError) as info:
             encoder(tensors, changes, stream_id="s", base_version=0, version=1)
         messages.append(str(info.value))
@@ -241,7 +242,7 @@ def test_two_host_reads_per_payload(tensors):
     changes = {name: Change(torch.arange(0, 5000, 37), *(w[::37].clone(),) * 2)
                for name, w in weights.items()}
     with _HostReads() as reads:
-        encode_delta(weights, changes, stream_id="s", base_version=0, version=1)
+        encode_delta_batched(weights, changes, stream_id="s", base_version=0, version=1)
     assert ["cpu", "tolist", "numpy"] == reads.calls
 
 
@@ -253,9 +254,9 @@ def test_one_host_read_per_decode(tensors):
                for i in range(tensors)}
     changes = {name: Change(torch.arange(i % 3, 5000, 37 + i), *(w[i % 3::37 + i].clone(),) * 2)
                for i, (name, w) in enumerate(weights.items())}
-    data = encode_delta(weights, changes, stream_id="s", base_version=0, version=1)
+    data = encode_delta_batched(weights, changes, stream_id="s", base_version=0, version=1)
     with _HostReads() as reads:
-        decode(data)
+        decode_batched(data)
     assert ["__int__"] == reads.calls
 
 

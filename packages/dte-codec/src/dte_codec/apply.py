@@ -2,7 +2,7 @@
 
 Two phases. Staging checks the payloads against the receiver (names, dtypes, shapes,
 entries that overlap, coverage of a full version), gathers the current values at the
-changed indices and resolves the new values (every residue entry of a device at once,
+changed indices and resolves the new values (on a GPU every residue entry at once,
 ``flat_values``); nothing is written yet, so any
 ``CodecError`` there leaves the tensors untouched. Writing goes entry by entry and keeps
 what each entry overwrites as an undo log, O(changed) for sparse entries; if a write
@@ -26,6 +26,7 @@ import torch
 
 from .decode import Payload
 from .errors import ApplyError, MismatchError
+from .fields import batched
 from .flat_values import resolve_residues
 from .header import Entry, Kind, ValueEncoding
 from .region import Box
@@ -126,11 +127,12 @@ def prepare(weights: Mapping[str, torch.Tensor], payloads: Sequence[Payload]) ->
 
 def _resolve_all(items: list[tuple[torch.Tensor, Entry, torch.Tensor | Box,
                                    tuple[torch.Tensor, ...]]]) -> dict[int, torch.Tensor] | None:
-    """New values of every residue entry, resolved together (``flat_values``) per device
-    with one host synchronization each; None when one does not resolve."""
+    """New values of every residue entry on a GPU, resolved together (``flat_values``) per
+    device with one host synchronization each; None when one does not resolve. CPU
+    entries resolve one by one in ``_stage`` (``fields.batched``)."""
     groups: dict[torch.device, list[int]] = defaultdict(list)
     for k, (target, entry, _, _) in enumerate(items):
-        if entry.value_encoding == ValueEncoding.RESIDUE:
+        if entry.value_encoding == ValueEncoding.RESIDUE and batched(target.device):
             groups[target.device].append(k)
     resolved = {}
     for device, ks in groups.items():

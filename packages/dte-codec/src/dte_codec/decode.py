@@ -10,7 +10,7 @@ import attrs
 import torch
 
 from .errors import EntryError
-from .fields import WORD_BYTES
+from .fields import WORD_BYTES, batched
 from .flat_decode import SPARSE, decode_indices_flat
 from .header import Entry, Header, IndexEncoding, align
 from .indices import decode_indices
@@ -39,18 +39,35 @@ def decode(data: bytes | bytearray | memoryview, *, device: str | torch.device =
            ) -> Payload:
     """Parse ``data`` into a ``Payload`` whose tensors live on ``device``.
 
+    On a GPU every sparse entry's indices are decoded together (``decode_batched``),
+    on the CPU entry by entry (``decode_per_entry``); see ``fields.batched``.
+
     Raises:
         HeaderError: truncated or inconsistent header fields.
         DigestError: the bytes do not match the header's digest.
         EntryError: invalid indices or escape positions inside an entry.
-
-    All sparse entries' indices are decoded together (``flat_decode``): a fixed number
-    of device passes and one host synchronization (plus the body's copy to ``device``).
     """
     view = memoryview(data).cast("B")
     header, offset = Header.unpack(view)
     body = _body(view[offset:], device)
     sections = _split(header, body)
+    if not batched(body.device):
+        return _per_entry(header, sections)
+    return _batched(header, body, sections)
+
+
+def decode_batched(data: bytes | bytearray | memoryview, *,
+                   device: str | torch.device = "cpu") -> Payload:
+    """``decode`` with every sparse entry's indices found together (``flat_decode``), on
+    any device: a fixed number of device passes and one host synchronization."""
+    view = memoryview(data).cast("B")
+    header, offset = Header.unpack(view)
+    body = _body(view[offset:], device)
+    return _batched(header, body, _split(header, body))
+
+
+def _batched(header: Header, body: torch.Tensor,
+             sections: list[tuple[torch.Tensor, ...]]) -> Payload:
     flat = decode_indices_flat(header.entries, body)
     try:
         regions = [None if entry.index_encoding in SPARSE else _region(entry, entry_sections)
@@ -58,7 +75,7 @@ def decode(data: bytes | bytearray | memoryview, *, device: str | torch.device =
     except EntryError:
         regions = None
     if regions is None or not flat.valid():  # the one host synchronization
-        return _per_entry(header, sections)
+        return _per_entry(header, sections)  # raises the first failed check, in order
     found = iter(flat.indices)
     indices = [next(found) if region is None else region for region in regions]
     values = [s[len(e.index_sections()):] for e, s in zip(header.entries, sections)]

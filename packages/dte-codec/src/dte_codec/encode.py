@@ -9,6 +9,7 @@ from typing import Protocol
 import torch
 
 from .errors import EncodeError
+from .fields import batched
 from .flat_encode import encode_delta_flat
 from .header import NO_BASE, Kind
 from .parts import Part, assemble, dense_part, sparse_part
@@ -44,8 +45,9 @@ def encode_delta(tensors: Mapping[str, torch.Tensor], changes: Mapping[str, Chan
 
     Every tensor needs a change set (an empty one when nothing changed). Each changed
     tensor goes dense or sparse, whichever is smaller; unchanged tensors are left out.
-    All tensors are encoded together (``flat_encode``): a fixed number of device passes
-    and two host synchronizations, whatever the number of tensors.
+    On a GPU all tensors are encoded together (``encode_delta_batched``); on the CPU
+    one at a time (``encode_delta_per_tensor``). The bytes are the same (see
+    ``fields.batched``).
 
     Raises:
         EncodeError: missing or extra change sets, or a change set that does not fit
@@ -55,6 +57,16 @@ def encode_delta(tensors: Mapping[str, torch.Tensor], changes: Mapping[str, Chan
         missing, extra = sorted(set(tensors) - set(changes)), sorted(set(changes) - set(tensors))
         raise EncodeError("changes", expected="one change set per tensor",
                           got=f"missing {missing}, extra {extra}")
+    encoder = (encode_delta_batched if any(batched(t.device) for t in tensors.values())
+               else encode_delta_per_tensor)
+    return encoder(tensors, changes, stream_id=stream_id, base_version=base_version,
+                   version=version)
+
+
+def encode_delta_batched(tensors: Mapping[str, torch.Tensor], changes: Mapping[str, ChangeSet],
+                         *, stream_id: str, base_version: int, version: int) -> bytes:
+    """``encode_delta`` of all tensors together (``flat_encode``): a fixed number of device
+    passes and two host synchronizations, whatever the number of tensors."""
     items = [(name, tensor, changes[name]) for name, tensor in tensors.items()
              if changes[name].indices.numel()]
     payload = encode_delta_flat(items, stream_id=stream_id, base_version=base_version,

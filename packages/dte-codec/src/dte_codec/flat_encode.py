@@ -91,7 +91,8 @@ def _fits(item: _Item) -> bool:
     n, dtype = item.count, item.tensor.dtype
     name_ok = len(item.name.encode()) <= MAX_NAME_BYTES and dtype in DTYPE_CODES
     bounds = (item.change.base_low, item.change.base_high)
-    return name_ok and item.tensor.numel() > 0 and all(b.dtype == dtype and tuple(b.shape) == (n,) for b in bounds)
+    bounds_ok = all(b.dtype == dtype and tuple(b.shape) == (n,) for b in bounds)
+    return name_ok and item.tensor.numel() > 0 and bounds_ok
 
 
 class _Flat:
