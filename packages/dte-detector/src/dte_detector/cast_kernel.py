@@ -64,7 +64,7 @@ def _record(master_ptr, model_ptr, dirty_ptr, counts_ptr, slab_ptr, numel, dirty
         count = tl.sum(tl.sum(fresh, axis=1), axis=0)
         tl.store(counts_ptr + tile, count)
         if count <= SLAB:
-            stage(slab_ptr, tile, fresh, local, old, old, 1, SLAB)
+            stage(slab_ptr, tile, fresh, local, old, old, SLAB)
             tl.store(dirty_ptr + bytes_at,
                      (before | tl.sum(flips << columns, axis=1)).to(tl.uint8), mask=in_map)
             if COPY:
@@ -76,11 +76,11 @@ class Scratch:
     """The slabs of one device, kept between calls and grown to the largest tensor."""
 
     def __init__(self) -> None:
-        self.slab = torch.empty(0, dtype=torch.int16)
+        self.slab = torch.empty(0, dtype=torch.int32)
 
     def take(self, size: int, device: torch.device) -> torch.Tensor:
         if self.slab.device != device or self.slab.numel() < size:
-            self.slab = torch.empty(size, dtype=torch.int16, device=device)
+            self.slab = torch.empty(size, dtype=torch.int32, device=device)
         return self.slab
 
 
@@ -102,7 +102,7 @@ def record_flat(scratch: Scratch, dirty: torch.Tensor, master: torch.Tensor,
     numel, device = model.numel(), model.device
     tiles = triton.cdiv(numel, ROWS * 8)
     capacity = ROWS * 8 // SLAB_FRACTION
-    slab = scratch.take(tiles * 2 * capacity, device)
+    slab = scratch.take(tiles * capacity, device)
     counts = torch.empty(tiles, dtype=torch.int32, device=device)
     with torch.cuda.device(device.index):
         _record[(programs(tiles, device, waves=WAVES),)](

@@ -32,10 +32,10 @@ Summing, ``|p0 - e| <= (11 eps32 A + 3 eta + kappa |u| + mu) / c``; the bounds `
 are themselves rounded once more (one eps32). On CUDA, torch divides a tensor by a Python
 scalar as a multiplication by the scalar's fp32 reciprocal (``BinaryDivTrueKernel.cu``),
 which adds one rounding to ``d`` (so to ``u``) and one to ``e``: 13 eps32 A there, 14 with
-the bounds' rounding; the fused kernels (``inversion_kernel.py``) do the same arithmetic. The default guard
-``g = (16 (eps32 A + eta + mu) + 2 kappa |u|) / c`` covers this with margin. If both
-``cast(e - g)`` and ``cast(e + g)`` equal ``cast(p)`` bit for bit then, the cast being
-monotone, so does ``cast(p0)``: unchanged. Everything else is reported, so
+the bounds' rounding; the fused kernels (``inversion_kernel.py``) do the same arithmetic.
+The default guard ``g = (16 (eps32 A + eta + mu) + 2 kappa |u|) / c`` covers this with
+margin. If both ``cast(e - g)`` and ``cast(e + g)`` equal ``cast(p)`` bit for bit then, the
+cast being monotone, so does ``cast(p0)``: unchanged. Everything else is reported, so
 over-reporting is about ``2 g`` over the width of a cast bucket (1.8e-4 of the elements
 for bf16 payloads of ~N(0, 0.02) weights at lr 3e-6 and 1e-5, measured by
 ``tools/bench_detectors.py``; all elements with a non-zero update for fp32 payloads,

@@ -16,7 +16,7 @@ handling as ``inversion._invert_chunk``, with the same fp32 roundings in the sam
 ``_mark`` reads ``p``, ``m``, ``v`` once (12 bytes per element), tile by tile
 (``staging.py``), and writes one changed bit per element, a count per tile and, where at
 most ``1 / SLAB_FRACTION`` of a tile's elements changed, their offsets and bounds into
-the tile's slab (0.75 bytes of scratch per element); ``staging.gather`` moves the slabs
+the tile's slab (1 byte of scratch per element); ``staging.gather`` moves the slabs
 into sorted outputs (as ``torch.nonzero`` would order them). If any tile had more changes
 than its slab holds, ``_compact`` turns the bits into sorted indices instead and
 ``_bounds`` gathers ``p``, ``m``, ``v`` at them to recompute the bounds (dense changes
@@ -144,7 +144,7 @@ def _mark(p_ptr, m_ptr, v_ptr, bits_ptr, counts_ptr, slab_ptr, numel, tiles, inv
           DECAY_IS_ONE: tl.constexpr, PAYLOAD: tl.constexpr, ROWS: tl.constexpr,
           SLAB: tl.constexpr):
     """Per tile: changed bits and count; if at most SLAB changed, their tile offsets and
-    bounds staged as three int16 rows of the tile's slab. Reads the next tile first."""
+    bounds staged in the tile's slab. Reads the next tile first."""
     first, step = tl.program_id(0), tl.num_programs(0)
     p, m, v = _load(p_ptr, m_ptr, v_ptr, first, numel, ROWS)
     for tile in range(first, tiles, step):
@@ -159,7 +159,7 @@ def _mark(p_ptr, m_ptr, v_ptr, bits_ptr, counts_ptr, slab_ptr, numel, tiles, inv
         count = tl.sum(tl.sum(flags, axis=1), axis=0)
         tl.store(counts_ptr + tile, count)
         if count <= SLAB:
-            stage(slab_ptr, tile, flags, local, low, high, 2, SLAB)
+            stage(slab_ptr, tile, flags, local, low, high, SLAB)
         p, m, v = p_next, m_next, v_next
 
 
@@ -207,7 +207,7 @@ def invert_flat(p: torch.Tensor, m: torch.Tensor, v: torch.Tensor, h: AdamWStep,
     slab = ROWS * 8 // SLAB_FRACTION
     bits = torch.empty(tiles * ROWS, dtype=torch.uint8, device=device)
     counts = torch.empty(tiles, dtype=torch.int32, device=device)
-    staged = torch.empty(tiles * 3 * slab, dtype=torch.int16, device=device)
+    staged = torch.empty(tiles * slab, dtype=torch.int64, device=device)
     scalars = _scalars(h, guard_ulps)
     constants = {"DECAY_IS_ONE": decay_factor(h) == 1.0, "PAYLOAD": _PAYLOAD[dtype], **_FIXED}
     with torch.cuda.device(device.index):

@@ -3,8 +3,8 @@
 A program of a detection kernel walks ``[ROWS, 8]`` tiles of a flat tensor (one byte of
 packed bits per row), reading the next tile while it works on the current one (a few
 programs per multiprocessor, so that loads stay in flight during the arithmetic). It stages
-the selected elements of a tile (their offset in the tile, as int16, and int16 values)
-in the tile's slab of ``SLAB`` slots, in index order; a cumulative sum of the per-tile
+the selected elements of a tile (their offset in the tile and one or two 16-bit values,
+packed into one int32 or int64 word) in the tile's slab of ``SLAB`` slots, in index order; a cumulative sum of the per-tile
 counts gives each tile's first output slot, and ``gather`` moves the slabs there: sorted
 flat indices and their values, as ``torch.nonzero`` and a gather would give them.
 """
@@ -35,15 +35,14 @@ def slots(flags):
 
 
 @triton.jit
-def stage(slab_ptr, tile, flags, local, first, second, VALUES: tl.constexpr,
-          SLAB: tl.constexpr):
-    """Stage the flagged elements' tile offsets and ``VALUES`` (1 or 2) int16 values,
-    ``first`` then ``second``, in the tile's slab, in index order."""
-    slab = slab_ptr + tl.cast(tile, tl.int64) * ((1 + VALUES) * SLAB) + slots(flags)
-    tl.store(slab, local.to(tl.int16), mask=flags != 0)
-    tl.store(slab + SLAB, first.to(tl.int16), mask=flags != 0)
-    if VALUES == 2:
-        tl.store(slab + 2 * SLAB, second.to(tl.int16), mask=flags != 0)
+def stage(slab_ptr, tile, flags, local, first, second, SLAB: tl.constexpr):
+    """Stage the flagged elements of a tile in its slab, in index order, one word each:
+    the offset in the tile in bits 0-15, ``first`` in 16-31, ``second`` in 32-47 (an
+    int32 slab keeps the first two)."""
+    word = (local.to(tl.int64) | (first.to(tl.int64) & 0xFFFF) << 16
+            | (second.to(tl.int64) & 0xFFFF) << 32)
+    tl.store(slab_ptr + tl.cast(tile, tl.int64) * SLAB + slots(flags),
+             word.to(slab_ptr.dtype.element_ty), mask=flags != 0)
 
 
 @triton.jit(do_not_specialize=["tiles", "total"])
@@ -56,12 +55,11 @@ def _gather(counts_ptr, starts_ptr, slab_ptr, index_ptr, values_ptr, tiles, tota
     slot = tl.arange(0, SLAB)[None, :]
     staged = slot < count
     at = tl.load(starts_ptr + tile, mask=tile < tiles, other=0) + slot
-    slab = slab_ptr + tile * ((1 + VALUES) * SLAB) + slot
-    local = tl.load(slab, mask=staged, other=0).to(tl.int64)
-    tl.store(index_ptr + at, (tile * (ROWS * 8) + local).to(index_ptr.dtype.element_ty),
+    word = tl.load(slab_ptr + tile * SLAB + slot, mask=staged, other=0).to(tl.int64)
+    tl.store(index_ptr + at, (tile * (ROWS * 8) + (word & 0xFFFF)).to(index_ptr.dtype.element_ty),
              mask=staged)
     for row in tl.static_range(VALUES):
-        tl.store(values_ptr + row * total + at, tl.load(slab + (1 + row) * SLAB, mask=staged),
+        tl.store(values_ptr + row * total + at, (word >> (16 * (row + 1))).to(tl.int16),
                  mask=staged)
 
 
@@ -75,7 +73,8 @@ def programs(tiles: int, device: torch.device, *, waves: int) -> int:
 def gather(counts: torch.Tensor, ends: torch.Tensor, total: int, slab: torch.Tensor,
            numel: int, *, values: int, rows: int, capacity: int
            ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Sorted flat indices and a ``[values, total]`` int16 tensor of the staged elements.
+    """Sorted flat indices and a ``[values, total]`` int16 tensor of the staged elements
+    (``slab``: int32 words for one value, int64 for two).
 
     ``counts`` holds each tile's staged count (0 for a tile that staged nothing), ``ends``
     their cumulative sum and ``total`` its last element.
