@@ -26,7 +26,7 @@ from .staging import gather, programs, stage, tile_offsets
 ROWS = 128
 """Bytes of dirty bits per tile of ``ROWS * 8`` elements."""
 WARPS = 4
-WAVES = 8
+WAVES = 16
 """Programs per multiprocessor (``staging.programs``)."""
 SLAB_FRACTION = 4
 """A tile stages at most a quarter of its elements as first seen (1 byte of scratch per

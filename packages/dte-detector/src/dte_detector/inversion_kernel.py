@@ -43,7 +43,7 @@ from .staging import gather, programs, slots, stage, tile_offsets
 ROWS = 128
 """Bytes of changed bits per tile of ``ROWS * 8`` elements (``staging.py``)."""
 WARPS = 4
-WAVES = 8
+WAVES = 16
 """Programs per multiprocessor (``staging.programs``)."""
 SLAB_FRACTION = 8
 """A program stages at most ``1 / SLAB_FRACTION`` of its elements as changed; a tensor
