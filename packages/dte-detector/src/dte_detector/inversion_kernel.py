@@ -1,4 +1,4 @@
-"""``invert_adamw`` fused into two Triton kernels, bit for bit the torch reference on CUDA.
+"""``invert_adamw`` as fused Triton kernels, bit for bit the torch reference on CUDA.
 
 Same estimate, same guard band, same ``_zero_outward``, same exact cases and non-finite
 handling as ``inversion._invert_chunk``, with the same fp32 roundings in the same order:
@@ -24,8 +24,8 @@ make that gather cheap per element).
 
 The term ``mu`` needs an IEEE division ``1 / d`` per element; where it is below half an
 ulp of the rest of the guard it cannot change the rounded sum, so a tile computes it only
-when one of its elements fails that test (a conservative one, through the approximate
-quotient with a 1 % margin and powers of two that keep it in fp32's normal range).
+when one of its elements fails that test (a conservative one, without a division, with a
+1 % margin and powers of two that keep it in fp32's normal range).
 """
 
 from __future__ import annotations
@@ -46,8 +46,8 @@ WARPS = 4
 WAVES = 16
 """Programs per multiprocessor (``staging.programs``)."""
 SLAB_FRACTION = 8
-"""A program stages at most ``1 / SLAB_FRACTION`` of its elements as changed; a tensor
-with a denser program takes the two-pass path (``_compact`` + ``_bounds``)."""
+"""A tile stages at most ``1 / SLAB_FRACTION`` of its elements as changed; a tensor with
+a denser tile takes the two-pass path (``_compact`` + ``_bounds``)."""
 _FIXED = {"enable_fp_fusion": False}
 # mu * 2**100 < underflow * 2**25 * 1.01 / d + 2**-48 and guard * 2**-25 <= ulp(guard) / 2,
 # scaled by 2**100 to stay in fp32's normal range (a proof in ``_verdict``'s docstring).
