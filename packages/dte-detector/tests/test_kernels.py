@@ -175,13 +175,9 @@ def _run_cast(masters, model: torch.Tensor, *, copy: bool) -> tuple[CastDetector
     return detector, detector.changes("w", model)
 
 
-@given(count=st.integers(1, 3 * 4096 + 17), seed=st.integers(0, 2**16),
-       steps=st.integers(1, 3), dtype=st.sampled_from(HALF_DTYPES), copy=st.booleans())
-def test_cast_kernel_is_record_then_copy(count, seed, steps, dtype, copy):
-    """Over several steps, ``record_and_copy`` (or ``record`` then ``copy_``) through the
-    kernel leaves the same model bits, dirty map and change set as the torch reference."""
-    masters = _cast_trajectory(count, seed, steps)
-    start = masters[0].to(dtype)
+def _assert_cast_kernel_is_reference(masters, start: torch.Tensor, *, copy: bool):
+    """Run the trajectory from ``start`` through the reference and the kernel; assert equal
+    model bits, dirty maps and change sets; return the kernel's model and change set."""
     with reference():
         expected_model = start.clone()
         expected, expected_changes = _run_cast(masters, expected_model, copy=copy)
@@ -190,6 +186,16 @@ def test_cast_kernel_is_record_then_copy(count, seed, steps, dtype, copy):
     assert bits_of(expected_model) == bits_of(actual_model)
     assert expected._dirty["w"].tolist() == actual._dirty["w"].tolist()
     _assert_same(expected_changes, actual_changes)
+    return actual_model, actual_changes
+
+
+@given(count=st.integers(1, 3 * 4096 + 17), seed=st.integers(0, 2**16),
+       steps=st.integers(1, 3), dtype=st.sampled_from(HALF_DTYPES), copy=st.booleans())
+def test_cast_kernel_is_record_then_copy(count, seed, steps, dtype, copy):
+    """Over several steps, ``record_and_copy`` (or ``record`` then ``copy_``) through the
+    kernel leaves the same model bits, dirty map and change set as the torch reference."""
+    masters = _cast_trajectory(count, seed, steps)
+    _assert_cast_kernel_is_reference(masters, masters[0].to(dtype), copy=copy)
 
 
 @pytest.mark.parametrize("slab_fraction", [1, 4, 1024])
@@ -203,12 +209,6 @@ def test_cast_kernel_hands_dense_tiles_to_the_reference(monkeypatch, slab_fracti
     monkeypatch.setattr(cast_kernel, "SLAB_FRACTION", slab_fraction)
     masters = _cast_trajectory(LARGE, seed=3, steps=2)
     start = masters[0].to(torch.bfloat16)
-    with reference():
-        expected_model = start.clone()
-        _, expected = _run_cast(masters, expected_model, copy=True)
-    actual_model = start.clone()
-    _, actual = _run_cast(masters, actual_model, copy=True)
-    assert bits_of(expected_model) == bits_of(actual_model)
-    _assert_same(expected, actual)
+    actual_model, actual = _assert_cast_kernel_is_reference(masters, start, copy=True)
     truth = diff(start, actual_model)
     assert 0 == (~torch.isin(truth.indices, actual.indices)).sum().item()
