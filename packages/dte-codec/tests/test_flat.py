@@ -14,10 +14,9 @@ from dte_codec.decode import decode_batched, decode_per_entry
 from dte_codec.encode import encode_delta_batched, encode_delta_per_tensor
 from dte_codec.errors import CodecError, EncodeError
 from dte_codec.fields import Body, Segments
-from dte_codec.flat_encode import choose_indices
 from dte_codec.header import DIGEST_OFFSET, DTYPES, Header, ValueEncoding, payload_digest
 from dte_codec.flat_values import resolve_residues
-from dte_codec.indices import encode_indices
+from dte_codec.indices import _bitmap, _elias_fano, _gap8, _raw, choose_indices, encode_indices
 from dte_codec.values import decode_values
 from hypothesis import example, given, note
 from hypothesis import strategies as st
@@ -181,8 +180,13 @@ def test_closed_form_index_choice_matches_the_candidates(count, numel_shift, esc
     gaps[:escapes] = numel // count  # > 255 once numel // count is
     big = int((gaps > 255).sum())
     indices = torch.cumsum(gaps, 0) - 1
-    expected = encode_indices(indices, numel)
+    # the encoder before the closed form: build every candidate, keep the first smallest
+    candidates = [_raw(indices, numel), _gap8(indices, numel), _elias_fano(indices, numel)]
+    if numel <= 8 * candidates[0].size:
+        candidates.append(_bitmap(indices, numel))
+    expected = min(candidates, key=lambda c: c.size)
     chosen = choose_indices(count, numel, gap_escapes=big)
+    assert expected.encoding == encode_indices(indices, numel).encoding
     assert (expected.encoding, expected.width, expected.escapes) == (
         chosen["index_encoding"], chosen.get("index_width", 0), chosen.get("index_escapes", 0))
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-_BYTE_BITS = 8
+BYTE_BITS = 8
 
 
 def _shifts(count: int, device: torch.device) -> torch.Tensor:
@@ -18,15 +18,15 @@ def _shifts(count: int, device: torch.device) -> torch.Tensor:
 def pack_bits(mask: torch.Tensor) -> torch.Tensor:
     """Pack a flat bool tensor into ``ceil(n / 8)`` bytes (LSB first, zero padding)."""
     n = mask.numel()
-    padded = torch.zeros(-(-n // _BYTE_BITS) * _BYTE_BITS, dtype=torch.uint8, device=mask.device)
+    padded = torch.zeros(-(-n // BYTE_BITS) * BYTE_BITS, dtype=torch.uint8, device=mask.device)
     padded[:n] = mask.reshape(-1)
-    weights = 1 << _shifts(_BYTE_BITS, mask.device).to(torch.uint8)
-    return (padded.view(-1, _BYTE_BITS) * weights).sum(1, dtype=torch.uint8)
+    weights = 1 << _shifts(BYTE_BITS, mask.device).to(torch.uint8)
+    return (padded.view(-1, BYTE_BITS) * weights).sum(1, dtype=torch.uint8)
 
 
 def unpack_bits(packed: torch.Tensor, count: int) -> torch.Tensor:
     """Inverse of ``pack_bits``: the first ``count`` bits of ``packed`` as a bool tensor."""
-    shifts = _shifts(_BYTE_BITS, packed.device).to(torch.uint8)
+    shifts = _shifts(BYTE_BITS, packed.device).to(torch.uint8)
     bits = (packed.to(torch.uint8).unsqueeze(1) >> shifts) & 1
     return bits.reshape(-1)[:count].bool()
 

@@ -19,11 +19,11 @@ from collections.abc import Sequence
 import attrs
 import torch
 
+from .bits import BYTE_BITS
 from .fields import Segments, host_table, read_fields
 from .header import Entry, IndexEncoding, ValueEncoding, align, index_itemsize
 from .indices import GAP_ESCAPE, MAX_GAP_BYTE
 
-BITS = 8
 SPARSE = frozenset({IndexEncoding.INT32, IndexEncoding.INT64, IndexEncoding.BITMAP,
                     IndexEncoding.GAP8, IndexEncoding.ELIAS_FANO})
 _INT64 = torch.int64
@@ -48,7 +48,7 @@ def decode_indices_flat(entries: Sequence[Entry], body: torch.Tensor) -> FlatInd
     for entry in entries:
         entry_starts = []
         for size in entry.section_sizes():
-            entry_starts.append(offset * BITS)
+            entry_starts.append(offset * BYTE_BITS)
             offset += align(size)
         starts.append(entry_starts)
     words = body.view(_INT64) if body.numel() else torch.zeros(1, dtype=_INT64,
@@ -70,12 +70,12 @@ _COLUMNS = ("encoding", "first", "stride", "width", "second", "escape_bits", "lo
 
 def _row(entry: Entry, starts: list[int]) -> tuple[int, ...]:
     enc, numel = entry.index_encoding, entry.numel
-    raw_bits = index_itemsize(numel) * BITS
+    raw_bits = index_itemsize(numel) * BYTE_BITS
     second = starts[1] if len(entry.index_sections()) > 1 else starts[0]
     stride, width, limit = {
         IndexEncoding.INT32: (32, 32, 0),
         IndexEncoding.INT64: (64, 64, 0),
-        IndexEncoding.GAP8: (BITS, BITS, 0),
+        IndexEncoding.GAP8: (BYTE_BITS, BYTE_BITS, 0),
         IndexEncoding.ELIAS_FANO: (entry.index_width, entry.index_width,
                                    entry.count + ((max(numel, 1) - 1) >> entry.index_width) + 1),
         IndexEncoding.BITMAP: (0, 0, numel),
@@ -140,8 +140,8 @@ class _Decoder:
             if is_ef or enc == IndexEncoding.BITMAP:
                 limit = _row(entry, entry_starts)[-1]
                 stream_of.append(len(rows))
-                rows.append((-(-limit // BITS), limit, entry.count, int(is_ef),
-                             entry_starts[1 if is_ef else 0] // BITS))
+                rows.append((-(-limit // BYTE_BITS), limit, entry.count, int(is_ef),
+                             entry_starts[1 if is_ef else 0] // BYTE_BITS))
             else:
                 stream_of.append(0)
         zero = torch.zeros((), dtype=_INT64, device=device)
@@ -151,7 +151,7 @@ class _Decoder:
         table = host_table([list(c) for c in zip(*rows)], device)
         at = (streams.spread(table[4]) + streams.rank).clamp(max=self.body.numel() - 1)
         data = self.body.index_select(0, at).to(_INT64)
-        kept = (streams.spread(table[1]) - streams.rank * BITS).clamp(0, BITS)
+        kept = (streams.spread(table[1]) - streams.rank * BYTE_BITS).clamp(0, BYTE_BITS)
         padding = (data >> kept) != 0
         data = data & ((1 << kept) - 1)
         popcount, select = _byte_tables(device)
@@ -166,9 +166,9 @@ class _Decoder:
         byte = torch.searchsorted(seen, target, right=True)
         byte = torch.minimum(torch.maximum(byte, first_byte),
                              streams.bounds[1].index_select(0, stream) - 1)
-        inside = (target - (seen - ones).index_select(0, byte)).clamp(0, BITS - 1)
-        offset = select.index_select(0, data.index_select(0, byte) * BITS + inside)
-        bit = (byte - first_byte) * BITS + offset
+        inside = (target - (seen - ones).index_select(0, byte)).clamp(0, BYTE_BITS - 1)
+        offset = select.index_select(0, data.index_select(0, byte) * BYTE_BITS + inside)
+        bit = (byte - first_byte) * BYTE_BITS + offset
         is_ef = table[3].index_select(0, stream) > 0
         return torch.where(is_ef, bit - rank, bit), wrong
 
@@ -178,15 +178,15 @@ def _byte_tables(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     """Per byte value ``v``: its set-bit count; and at ``v * 8 + r`` the position of its
     ``r``-th set bit (0 past the last). Built once per device."""
     popcount = [bin(v).count("1") for v in range(256)]
-    select = [([i for i in range(BITS) if v >> i & 1] + [0] * BITS)[r]
-              for v in range(256) for r in range(BITS)]
+    select = [([i for i in range(BYTE_BITS) if v >> i & 1] + [0] * BYTE_BITS)[r]
+              for v in range(256) for r in range(BYTE_BITS)]
     return host_table([popcount], device)[0], host_table([select], device)[0]
 
 
 def _escape_failures(entries: Sequence[Entry], starts: list[list[int]],
                      words: torch.Tensor) -> torch.Tensor:
     """Residue escape positions that are out of ``[0, count)`` or not increasing."""
-    rows = [(e.count, s[len(e.index_sections()) + 1], index_itemsize(e.count) * BITS,
+    rows = [(e.count, s[len(e.index_sections()) + 1], index_itemsize(e.count) * BYTE_BITS,
              e.value_escapes) for e, s in zip(entries, starts)
             if e.value_encoding == ValueEncoding.RESIDUE and e.value_escapes]
     if not rows:

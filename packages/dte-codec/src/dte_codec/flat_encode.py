@@ -31,17 +31,17 @@ from typing import TYPE_CHECKING
 import attrs
 import torch
 
-from .bits import bit_length, order_keys_by_width, width_mask
+from .bits import BYTE_BITS, bit_length, order_keys_by_width, width_mask
 from .fields import Body, Segments, host_table
 from .header import (DTYPE_CODES, INDEX32_LIMIT, MAX_NAME_BYTES, RESIDUE_DTYPES, Entry, Header,
                      IndexEncoding, Kind, ValueEncoding, align, index_itemsize)
-from .indices import MAX_GAP_BYTE
+from .indices import MAX_GAP_BYTE, choose_indices
 from .parts import checked_header, seal
+from .values import choose_values
 
 if TYPE_CHECKING:
     from .encode import ChangeSet
 
-BITS = 8
 _INT64 = torch.int64
 
 
@@ -70,7 +70,7 @@ def encode_delta_flat(items: Sequence[tuple[str, torch.Tensor, ChangeSet]], *, s
         return None
     segs = Segments.of([item.count for item in todo], device)
     flat = _Flat.gather(todo, segs, device)
-    bins = max((item.tensor.element_size() * BITS for item in todo
+    bins = max((item.tensor.element_size() * BYTE_BITS for item in todo
                 if item.tensor.dtype in RESIDUE_DTYPES), default=0)
     stats = flat.stats(bins).tolist()  # host sync 1 of 2
     segments = len(todo)
@@ -116,7 +116,7 @@ class _Flat:
     @classmethod
     def gather(cls, todo: list[_Item], segs: Segments, device: torch.device) -> _Flat:
         table = host_table([[item.tensor.numel() for item in todo],
-                            [item.tensor.element_size() * BITS for item in todo],
+                            [item.tensor.element_size() * BYTE_BITS for item in todo],
                             [int(item.tensor.dtype in RESIDUE_DTYPES) for item in todo]], device)
         idx = torch.cat([item.change.indices.reshape(-1).to(device) for item in todo]).to(_INT64)
         # Gather at clamped indices: an invalid one is reported after the statistics, and
@@ -208,10 +208,11 @@ class _Layout:
         for entry in entries:
             starts = []
             for size in entry.section_sizes():
-                starts.append(offset * BITS)
+                starts.append(offset * BYTE_BITS)
                 offset += align(size)
             rows.append(_row(entry, starts))
-            dense.append(starts[0] // BITS if entry.index_encoding == IndexEncoding.DENSE else -1)
+            is_dense = entry.index_encoding == IndexEncoding.DENSE
+            dense.append(starts[0] // BYTE_BITS if is_dense else -1)
         columns = [list(column) for column in zip(*rows)]
         return cls(cls.COLUMNS, host_table(columns, device), tuple(dense))
 
@@ -223,15 +224,15 @@ class _Layout:
 
 def _row(entry: Entry, starts: list[int]) -> tuple[int, ...]:
     """One entry's columns of ``_Layout.COLUMNS``; ``starts``: its sections' bit offsets."""
-    enc, item_bits = entry.index_encoding, entry.itemsize * BITS
+    enc, item_bits = entry.index_encoding, entry.itemsize * BYTE_BITS
     if enc == IndexEncoding.DENSE:
         return (-1, starts[0], item_bits, 0, starts[0], 0, 0, -1, 0, starts[0], starts[0], 0,
                 starts[0])
-    raw_bits = index_itemsize(entry.numel) * BITS
+    raw_bits = index_itemsize(entry.numel) * BYTE_BITS
     first, width, stride = {
         IndexEncoding.INT32: (starts[0], raw_bits, raw_bits),
         IndexEncoding.INT64: (starts[0], raw_bits, raw_bits),
-        IndexEncoding.GAP8: (starts[0], BITS, BITS),
+        IndexEncoding.GAP8: (starts[0], BYTE_BITS, BYTE_BITS),
         IndexEncoding.ELIAS_FANO: (starts[0], entry.index_width, entry.index_width),
         IndexEncoding.BITMAP: (starts[0], 1, 0),
     }[enc]
@@ -243,7 +244,7 @@ def _row(entry: Entry, starts: list[int]) -> tuple[int, ...]:
         fields, positions, raw = values
     return (int(enc), first, stride, width, second, raw_bits, entry.index_width,
             int(entry.value_encoding), entry.value_width, fields, positions,
-            index_itemsize(entry.count) * BITS, raw)
+            index_itemsize(entry.count) * BYTE_BITS, raw)
 
 
 def _entry(item: _Item, hist: list[int], *, gap_escapes: int) -> Entry:
@@ -257,44 +258,6 @@ def _entry(item: _Item, hist: list[int], *, gap_escapes: int) -> Entry:
         return Entry(name=item.name, dtype=tensor.dtype, shape=tuple(tensor.shape),
                      count=tensor.numel())
     return sparse
-
-
-def choose_indices(count: int, numel: int, *, gap_escapes: int) -> dict[str, object]:
-    """Header fields of the smallest index encoding (``indices.encode_indices``'s choice,
-    ties to INT32/INT64, then GAP8, then ELIAS_FANO, then BITMAP), from sizes alone."""
-    raw = count * index_itemsize(numel)
-    low = max(0, (numel // count).bit_length() - 1)
-    upper_bits = count + ((numel - 1) >> low) + 1
-    candidates = [
-        (raw, {"index_encoding": IndexEncoding.INT32 if numel < INDEX32_LIMIT
-               else IndexEncoding.INT64}),
-        (count + gap_escapes * index_itemsize(numel),
-         {"index_encoding": IndexEncoding.GAP8, "index_escapes": gap_escapes}),
-        (-(-count * low // BITS) + -(-upper_bits // BITS),
-         {"index_encoding": IndexEncoding.ELIAS_FANO, "index_width": low}),
-    ]
-    if numel <= BITS * raw:
-        candidates.append((-(-numel // BITS), {"index_encoding": IndexEncoding.BITMAP}))
-    return min(candidates, key=lambda c: c[0])[1]
-
-
-def choose_values(count: int, dtype: torch.dtype, itemsize: int,
-                  hist: list[int]) -> dict[str, object]:
-    """Header fields of the smallest value encoding (``values.encode_values``'s choice),
-    from the histogram of the residue width each value needs."""
-    if dtype not in RESIDUE_DTYPES:
-        return {}
-    cost_escape = index_itemsize(count) + itemsize
-    best_width, best_size, covered = 0, count * itemsize, 0
-    for width in range(1, itemsize * BITS):
-        covered += hist[width]
-        size = -(-covered * width // BITS) + (count - covered) * cost_escape
-        if size < best_size:
-            best_width, best_size = width, size
-    if best_width == 0:
-        return {}
-    return {"value_encoding": ValueEncoding.RESIDUE, "value_width": best_width,
-            "value_escapes": count - sum(hist[:best_width + 1])}
 
 
 def _int_view(values: torch.Tensor) -> torch.Tensor:

@@ -15,11 +15,10 @@ from collections.abc import Sequence
 
 import torch
 
-from .bits import from_order_keys_by_width, order_keys_by_width, width_mask
+from .bits import BYTE_BITS, from_order_keys_by_width, order_keys_by_width, width_mask
 from .fields import WORD_BYTES, Segments, host_table, read_fields
 from .header import Entry, align, index_itemsize
 
-BITS = 8
 _INT64 = torch.int64
 _INT_VIEWS = {2: torch.int16, 4: torch.int32}
 
@@ -33,8 +32,8 @@ def resolve_residues(entries: Sequence[Entry], sections: Sequence[tuple[torch.Te
     (fields, field_at), (positions, position_at), (raw, raw_at) = (
         _packed([s[k] for s in sections], device) for k in range(3))
     table = host_table([field_at, [e.value_width for e in entries], position_at,
-                        [index_itemsize(e.count) * BITS for e in entries], raw_at,
-                        [e.itemsize * BITS for e in entries]], device)
+                        [index_itemsize(e.count) * BYTE_BITS for e in entries], raw_at,
+                        [e.itemsize * BYTE_BITS for e in entries]], device)
     field_start, width, _, _, raw_start, bits = (segs.spread(table[k]) for k in range(6))
     escaped = _escaped(entries, table, positions, segs)
     before = segs.exclusive_ranks(escaped)
@@ -75,7 +74,7 @@ def _packed(pieces: list[torch.Tensor], device: torch.device
     zeros = torch.zeros(WORD_BYTES, dtype=torch.uint8, device=device)
     parts, starts, offset = [], [], 0
     for piece in pieces:
-        starts.append(offset * BITS)
+        starts.append(offset * BYTE_BITS)
         parts += [piece.reshape(-1).to(device), zeros[:align(piece.numel()) - piece.numel()]]
         offset += align(piece.numel())
     parts.append(zeros)  # never empty

@@ -1,4 +1,4 @@
-"""Exact encodings of a sorted set of flat indices, chosen by byte cost.
+"""Exact encodings of a sorted set of flat indices, chosen by byte cost in closed form.
 
 Decoders use only prefix sums, comparisons, gathers and scatters, so they run on the
 receiver's device, and they validate what they produce: indices strictly increasing and
@@ -10,7 +10,7 @@ from __future__ import annotations
 import attrs
 import torch
 
-from .bits import pack_bits, pack_fields, unpack_bits, unpack_fields
+from .bits import BYTE_BITS, pack_bits, pack_fields, unpack_bits, unpack_fields
 from .errors import CodecError, EntryError
 from .header import INDEX32_LIMIT, Entry, IndexEncoding, index_itemsize
 
@@ -34,11 +34,34 @@ class Encoded:
 
 
 def encode_indices(indices: torch.Tensor, numel: int) -> Encoded:
-    """The smallest exact encoding of sorted, unique int64 ``indices`` into ``numel`` elements."""
-    candidates = [_raw(indices, numel), _gap8(indices, numel), _elias_fano(indices, numel)]
-    if numel <= 8 * candidates[0].size:  # a bitmap only pays at high density
-        candidates.append(_bitmap(indices, numel))
-    return min(candidates, key=lambda c: c.size)
+    """The smallest exact encoding of sorted, unique int64 ``indices`` into ``numel`` elements.
+
+    Sizes come in closed form (``choose_indices``) and only the winner is built.
+    """
+    escapes = int((_gaps(indices) > MAX_GAP_BYTE).sum())
+    encoding = choose_indices(indices.numel(), numel, gap_escapes=escapes)["index_encoding"]
+    build = {IndexEncoding.INT32: _raw, IndexEncoding.INT64: _raw, IndexEncoding.GAP8: _gap8,
+             IndexEncoding.ELIAS_FANO: _elias_fano, IndexEncoding.BITMAP: _bitmap}[encoding]
+    return build(indices, numel)
+
+
+def choose_indices(count: int, numel: int, *, gap_escapes: int) -> dict[str, object]:
+    """Header fields of the smallest index encoding (``indices.encode_indices``'s choice,
+    ties to INT32/INT64, then GAP8, then ELIAS_FANO, then BITMAP), from sizes alone."""
+    raw = count * index_itemsize(numel)
+    low = max(0, (numel // count).bit_length() - 1)
+    upper_bits = count + ((numel - 1) >> low) + 1
+    candidates = [
+        (raw, {"index_encoding": IndexEncoding.INT32 if numel < INDEX32_LIMIT
+               else IndexEncoding.INT64}),
+        (count + gap_escapes * index_itemsize(numel),
+         {"index_encoding": IndexEncoding.GAP8, "index_escapes": gap_escapes}),
+        (-(-count * low // BYTE_BITS) + -(-upper_bits // BYTE_BITS),
+         {"index_encoding": IndexEncoding.ELIAS_FANO, "index_width": low}),
+    ]
+    if numel <= BYTE_BITS * raw:
+        candidates.append((-(-numel // BYTE_BITS), {"index_encoding": IndexEncoding.BITMAP}))
+    return min(candidates, key=lambda c: c[0])[1]
 
 
 def _raw(indices: torch.Tensor, numel: int) -> Encoded:
@@ -54,8 +77,12 @@ def _bitmap(indices: torch.Tensor, numel: int) -> Encoded:
     return Encoded(IndexEncoding.BITMAP, (pack_bits(mask),))
 
 
+def _gaps(indices: torch.Tensor) -> torch.Tensor:
+    return torch.diff(indices, prepend=indices.new_full((1,), -1))
+
+
 def _gap8(indices: torch.Tensor, numel: int) -> Encoded:
-    gaps = torch.diff(indices, prepend=indices.new_full((1,), -1))
+    gaps = _gaps(indices)
     wide = gaps > MAX_GAP_BYTE
     dtype = _escape_dtype(numel)
     small = gaps.masked_fill(wide, GAP_ESCAPE).to(torch.uint8)

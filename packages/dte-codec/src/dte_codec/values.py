@@ -15,7 +15,7 @@ from __future__ import annotations
 import attrs
 import torch
 
-from .bits import bit_length, from_order_keys, order_keys, pack_fields, unpack_fields
+from .bits import BYTE_BITS, bit_length, from_order_keys, order_keys, pack_fields, unpack_fields
 from .errors import EntryError
 from .header import RESIDUE_DTYPES, Entry, ValueEncoding, index_itemsize
 from .indices import check_sorted_positions
@@ -47,17 +47,32 @@ def encode_values(new: torch.Tensor, low: torch.Tensor, high: torch.Tensor) -> E
     raw = Encoded(ValueEncoding.RAW, (new.contiguous().view(torch.uint8),))
     if new.dtype not in RESIDUE_DTYPES or new.numel() == 0:
         return raw
-    bits = new.element_size() * 8
+    bits = new.element_size() * BYTE_BITS
     need = _needed_width(new, low, high, bits)
     counts = torch.bincount(need, minlength=bits + 1).tolist()
-    n, cost_escape = new.numel(), index_itemsize(new.numel()) + new.element_size()
-    best_width, best_size, covered = 0, raw.size, 0
-    for width in range(1, bits):
-        covered += counts[width]
-        size = -(-covered * width // 8) + (n - covered) * cost_escape
+    chosen = choose_values(new.numel(), new.dtype, new.element_size(), counts)
+    if not chosen:
+        return raw
+    return _residues(new, need, chosen["value_width"], bits)
+
+
+def choose_values(count: int, dtype: torch.dtype, itemsize: int,
+                  hist: list[int]) -> dict[str, object]:
+    """Header fields of the smallest value encoding (``values.encode_values``'s choice),
+    from the histogram of the residue width each value needs."""
+    if dtype not in RESIDUE_DTYPES:
+        return {}
+    cost_escape = index_itemsize(count) + itemsize
+    best_width, best_size, covered = 0, count * itemsize, 0
+    for width in range(1, itemsize * BYTE_BITS):
+        covered += hist[width]
+        size = -(-covered * width // BYTE_BITS) + (count - covered) * cost_escape
         if size < best_size:
             best_width, best_size = width, size
-    return raw if best_width == 0 else _residues(new, need, best_width, bits)
+    if best_width == 0:
+        return {}
+    return {"value_encoding": ValueEncoding.RESIDUE, "value_width": best_width,
+            "value_escapes": count - sum(hist[:best_width + 1])}
 
 
 def _needed_width(new: torch.Tensor, low: torch.Tensor, high: torch.Tensor,
