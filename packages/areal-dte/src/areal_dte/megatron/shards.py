@@ -18,8 +18,9 @@ import torch
 
 from ..errors import UnsupportedModelError
 
-TESTED = ("0.16.1", "0.17.0")
-"""megatron-core versions whose optimizer structures this module reads."""
+TESTED = ("0.16.1",)
+"""megatron-core versions whose optimizer structures this module was checked against on a
+GPU (tools/gpu/check_megatron.py); others are attached if the structures are there."""
 _DISTRIBUTED = ("shard_fp32_from_float16_groups", "model_float16_groups", "shard_fp32_groups",
                 "model_fp32_groups", "_get_model_param_range_map",
                 "_copy_main_params_to_model_params", "optimizer")
@@ -43,8 +44,13 @@ class MainShard:
 
     @property
     def model(self) -> torch.Tensor:
-        """The model param's elements of this range, flat (a view: writes reach the param)."""
-        return self.param.detach().view(-1)[self.start:self.start + self.main.numel()]
+        """The model param's elements of this range, flat (a view: writes reach the param).
+
+        Through ``.data``, as Megatron's own copy writes: such writes leave the param's
+        version counter alone, so the counter moves only for writes through the param
+        itself (a checkpoint loaded into the model), which the detector watches.
+        """
+        return self.param.data.view(-1)[self.start:self.start + self.main.numel()]
 
 
 def inner_optimizers(optimizer: object) -> list[object]:
