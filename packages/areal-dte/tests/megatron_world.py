@@ -21,12 +21,12 @@ from dte_codec.megatron_layout import MegatronLayout, megatron_shard
 from dte_codec.remap import copy_slices, remap
 from dte_codec.sglang_layout import SGLangLayout, sglang_shard
 from dte_detector import diff
+from dte_detector.changes import int_bits
 
 DENSE = ModelConfig(vocab=128, hidden=32, layers=2, heads=4, kv_heads=2, head_dim=8,
                     intermediate=64, tie_word_embeddings=False)
 MOE = ModelConfig(vocab=128, hidden=32, layers=2, heads=4, kv_heads=2, head_dim=8,
                   num_experts=4, moe_intermediate=16, tie_word_embeddings=False)
-_BITS = {2: torch.int16, 4: torch.int32}
 
 
 def gpt_model(config: ModelConfig):
@@ -55,9 +55,9 @@ def _assembled(tensors: dict) -> dict:
     """Each rank's disjoint contributions summed over the group, as exact bit patterns."""
     out = {}
     for key, tensor in tensors.items():
-        bits = tensor.view(_BITS[tensor.element_size()]).to(torch.int64)
+        bits = int_bits(tensor).to(torch.int64)
         dist.all_reduce(bits)
-        out[key] = bits.to(_BITS[tensor.element_size()]).view(tensor.dtype)
+        out[key] = bits.to(int_bits(tensor).dtype).view(tensor.dtype)
     return out
 
 
@@ -99,7 +99,7 @@ def run(rank: int, world: int, init: str, config: ModelConfig, rollout_tp: int,
     dense_old, dense_new, moved, mask = (_assembled(t) for t in (dense_old, dense_new, moved,
                                                                   mask))
     same = all(torch.equal(torch.where(mask[k] != 0, moved[k], dense_old[k])
-                           .view(_BITS[t.element_size()]), t.view(_BITS[t.element_size()]))
+                           .view(int_bits(t).dtype), int_bits(t))
                for k, t in dense_new.items())
     lines += [f"changed elements: {changed > 0}", f"changes remapped equal dense: {same}"]
     with open(os.path.join(log_dir, f"rank{rank}.log"), "w") as fh:
@@ -144,10 +144,8 @@ def run_union(rank: int, world: int, init: str, window_bytes: int, log_dir: str)
     mine = {n: own_range(c, UNION_PARAMS[n][0], rank, world) for n, c in truth.items()}
     merged = union_over_dp(mine, None, window_bytes=window_bytes)
     same = all(torch.equal(merged[n].indices, c.indices)
-               and torch.equal(merged[n].base_low.view(_BITS[c.base_low.element_size()]),
-                               c.base_low.view(_BITS[c.base_low.element_size()]))
-               and torch.equal(merged[n].base_high.view(_BITS[c.base_high.element_size()]),
-                               c.base_high.view(_BITS[c.base_high.element_size()]))
+               and torch.equal(int_bits(merged[n].base_low), int_bits(c.base_low))
+               and torch.equal(int_bits(merged[n].base_high), int_bits(c.base_high))
                and merged[n].indices.dtype == torch.int32 for n, c in truth.items())
     with open(os.path.join(log_dir, f"rank{rank}.log"), "w") as fh:
         fh.write(f"union equals the whole change sets: {same}\n")

@@ -19,9 +19,10 @@ import logging
 from collections.abc import Callable, Iterable, Mapping
 
 import torch
-from dte_detector import CastDetector, ChangeSet, Snapshot, invert_adamw, torch_adamw_states
-from dte_detector.errors import PrecisionError, StepGapError
-from dte_detector.torch_adamw import AdamWState, flush_to_zero
+from dte_detector import CastDetector, ChangeSet, Snapshot
+from dte_detector.errors import PrecisionError
+from dte_detector.steps import AdamWSteps
+from dte_detector.torch_adamw import flush_to_zero
 from dte_transport import Sender, SyncReport
 from dte_transport.group import GroupSender
 
@@ -90,9 +91,7 @@ class TorchActor:
             self._names.setdefault(id(p), []).append(name)
         self._cast = CastDetector()
         self._snapshot = Snapshot()
-        self._stepped: dict[str, AdamWState] = {}
-        """Per tensor, its state after its last step since the last commit (ADAMW)."""
-        self._synced_steps: dict[str, int] = {}
+        self._steps = AdamWSteps(lambda param: self._names.get(id(param), ()))
         self._verify = verify
         self._full_reason: str | None = None
         self._masters_seen = VersionWatch(self.masters)
@@ -110,18 +109,13 @@ class TorchActor:
         """
         self._check_parameters()
         self._outside_writes()
-        before = {}
-        if self.method == Method.ADAMW:
-            if flush_to_zero() and any(m.device.type == "cpu" for m in self.masters.values()):
-                self._needs_full(FLUSH_TO_ZERO)
-            before = {id(p): int(s["step"]) for p, s in self.optimizer.state.items() if s}
+        adamw = self.method == Method.ADAMW
+        if adamw and flush_to_zero() and any(m.device.type == "cpu"
+                                             for m in self.masters.values()):
+            self._needs_full(FLUSH_TO_ZERO)
         self.optimizer.step()
-        if self.method == Method.ADAMW:
-            # Only tensors whose step count moved: the others keep the lr and betas of
-            # their own last step, which a later step of other tensors must not overwrite.
-            for state in torch_adamw_states(self.optimizer):
-                if before.get(id(state.param)) != state.hyper.step:
-                    self._stepped.update(dict.fromkeys(self._names[id(state.param)], state))
+        if adamw:
+            self._steps.record(self.optimizer)
         self._recast(self.masters, record=True)
 
     def sync(self, version: int) -> SyncReport:
@@ -134,7 +128,7 @@ class TorchActor:
         self._recast(self._outside_writes(), record=True)
         if self.sender.acknowledged is not None:
             reason = self._full_reason
-            gap = self._step_gap() if reason is None and self.method == Method.ADAMW else None
+            gap = self._steps.gap() if reason is None and self.method == Method.ADAMW else None
             if gap is not None:
                 log.info("v%d: %s", version, gap)
                 reason = STEP_GAP
@@ -160,9 +154,7 @@ class TorchActor:
 
     def _full_due(self) -> bool:
         """The sender will send this version in full whatever the changes."""
-        sender = self.sender
-        return sender.acknowledged is None or bool(
-            sender.anchor_interval and sender.deltas_since_full >= sender.anchor_interval)
+        return self.sender.acknowledged is None or self.sender.anchor_due
 
     def _needs_full(self, reason: str) -> None:
         if self._full_reason is None:
@@ -209,33 +201,14 @@ class TorchActor:
             return {n: self._cast.changes(n, t) for n, t in self.model.items()}
         if self.method == Method.SNAPSHOT:
             return {n: self._snapshot.changes(n, t) for n, t in self.model.items()}
-        return {n: self._invert(n) for n in self.model}
-
-    def _invert(self, name: str) -> ChangeSet:
-        state = self._stepped.get(name)
-        if state is None:  # no step since the last commit: unchanged
-            return ChangeSet.empty(self.model[name])
-        return invert_adamw(name, state.param, state.exp_avg, state.exp_avg_sq, state.hyper,
-                            previous_step=self._synced_steps.get(name, 0),
-                            dtype=self.model[name].dtype)
-
-    def _step_gap(self) -> StepGapError | None:
-        for name, state in self._stepped.items():
-            previous = self._synced_steps.get(name, 0)
-            if state.hyper.step != previous + 1:
-                return StepGapError(name, previous=previous, current=state.hyper.step)
-        return None
+        return {n: self._steps.changes(n, t) for n, t in self.model.items()}
 
     def _committed(self) -> None:
         if self._verify or self.method == Method.SNAPSHOT:  # one copy serves both
             for name, tensor in self.model.items():
                 self._snapshot.retain(name, tensor)
         if self.method == Method.ADAMW:
-            # From the optimizer, not the last step's capture: an optimizer whose state was
-            # loaded (a resumed run) has steps this object never saw.
-            self._synced_steps = {name: s.hyper.step for s in torch_adamw_states(self.optimizer)
-                                  for name in self._names[id(s.param)]}
-            self._stepped.clear()
+            self._steps.commit([self.optimizer])
         elif self.method == Method.CAST:
             self._cast.clear()
         self._full_reason = None

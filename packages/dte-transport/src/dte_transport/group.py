@@ -41,7 +41,7 @@ from dte_codec.remap import remap
 from .ack import Ack, Rejection
 from .errors import LinkError, SyncError
 from .report import SyncKind, SyncReport, Timer
-from .sender import ANCHOR_DUE, DELTA, DELTA_REJECTED, NO_BASE
+from .sender import ANCHOR_DUE, DELTA, DELTA_REJECTED, NO_BASE, Sender
 from .two_round import exchange
 
 log = logging.getLogger(__name__)
@@ -145,6 +145,8 @@ class GroupSender:
         self.acknowledged: int | None = None
         self.deltas_since_full = 0
 
+    anchor_due = Sender.anchor_due  # the same rule on the same two counters
+
     def sync(self, weights: Mapping[str, torch.Tensor], *, version: int,
              changes: Callable[[], Mapping[str, ChangeSet]]) -> SyncReport:
         """Deliver this rank's ``weights`` (local tensors in the payload dtype) as
@@ -162,10 +164,9 @@ class GroupSender:
         return self._sync(weights, version, dict, forced=True)
 
     def _sync(self, weights, version, changes, *, forced) -> SyncReport:
-        anchor_due = bool(self.anchor_interval) and self.deltas_since_full >= self.anchor_interval
         base = -1 if self.acknowledged is None else self.acknowledged
         stream = _stream_key(self.stream_id)
-        vote = [int(self.acknowledged is None), int(anchor_due), int(forced), 0, base, -base,
+        vote = [int(self.acknowledged is None), int(self.anchor_due), int(forced), 0, base, -base,
                 stream, -stream]
         try:
             decision = _agree(vote, self.group, self.device)

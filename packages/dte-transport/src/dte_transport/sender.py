@@ -47,6 +47,12 @@ class Sender:
     """The version the receiver holds, as far as this sender knows."""
     deltas_since_full: int = attrs.field(default=0, init=False)
 
+    @property
+    def anchor_due(self) -> bool:
+        """The next version is a full anchor (``anchor_interval`` committed deltas since
+        the last full one)."""
+        return bool(self.anchor_interval) and self.deltas_since_full >= self.anchor_interval
+
     def sync(self, weights: Mapping[str, torch.Tensor], *, version: int,
              changes: Callable[[], Mapping[str, ChangeSet]]) -> SyncReport:
         """Deliver ``version``: a delta when possible, else full.
@@ -61,7 +67,7 @@ class Sender:
         self._check_order(version)
         if self.acknowledged is None:
             return self.sync_full(weights, version=version, reason=NO_BASE)
-        if self.anchor_interval and self.deltas_since_full >= self.anchor_interval:
+        if self.anchor_due:
             return self._full(weights, version, ANCHOR_DUE, SyncKind.ANCHOR)
         timer, base = Timer(), self.acknowledged
         with timer.phase("detect"):

@@ -27,9 +27,9 @@ import logging
 from collections.abc import Callable, Sequence
 
 import torch
-from dte_detector import CastDetector, ChangeSet, invert_adamw, torch_adamw_states
+from dte_detector import CastDetector, ChangeSet
 from dte_detector.changes import index_dtype
-from dte_detector.torch_adamw import AdamWState
+from dte_detector.steps import AdamWSteps
 
 from ..errors import DeltaSyncError, UnsupportedModelError
 from ..torch_actor import Method
@@ -61,20 +61,19 @@ class MegatronChanges:
         self._shards = {s.name: s for s in shards}
         self._dp_groups = []
         """Per distributed inner optimizer: its data-parallel group and its params' names."""
-        for inner in inners:
-            group = getattr(inner, "data_parallel_group", None)
-            if hasattr(inner, "shard_fp32_from_float16_groups") and group is not None:
-                mains = {id(p) for g in inner.optimizer.param_groups for p in g["params"]}
-                self._dp_groups.append((group, [s.name for s in shards if id(s.main) in mains]))
-        self._by_main = {id(s.main): s.name for s in shards}
+        by_main = {id(s.main): (s.name,) for s in shards}
         self._params = VersionWatch({s.name: s.param for s in shards})
         self._cast = CastDetector()
-        self._stepped: dict[str, AdamWState] = {}
-        self._synced: dict[str, int] = {}
+        self._steps = AdamWSteps(lambda main: by_main.get(id(main), ()))
         self._reason: str | None = ATTACHED
         self._torch_optimizers = [inner.optimizer for inner in inners]
         for inner in inners:
-            self._hook(inner)
+            stepped_here = {id(p) for g in inner.optimizer.param_groups for p in g["params"]}
+            own = [s for s in shards if id(s.main) in stepped_here]
+            group = getattr(inner, "data_parallel_group", None)
+            if hasattr(inner, "shard_fp32_from_float16_groups") and group is not None:
+                self._dp_groups.append((group, [s.name for s in own]))
+            self._hook(inner, own)
 
     @property
     def full_reason(self) -> str | None:
@@ -83,10 +82,9 @@ class MegatronChanges:
         if moved and self._reason is None:
             self._reason = f"{MODEL_WRITTEN}: {moved[0]!r}"
         if self._reason is None and self.method == Method.ADAMW:
-            gap = next((n for n, s in self._stepped.items()
-                        if s.hyper.step != self._synced.get(n, 0) + 1), None)
+            gap = self._steps.gap()
             if gap is not None:
-                return f"{STEP_GAP}: {gap!r}"
+                return f"{STEP_GAP}: {gap.tensor!r}"
         return self._reason
 
     def collect(self) -> dict[str, ChangeSet]:
@@ -112,32 +110,19 @@ class MegatronChanges:
     def commit(self) -> None:
         """The version was delivered: start a new interval from the current params."""
         self._cast.clear()
-        self._stepped.clear()
-        if self.method == Method.ADAMW:  # from the optimizer: a loaded state has its own steps
-            self._synced = {self._by_main[id(s.param)]: s.hyper.step
-                            for opt in self._torch_optimizers for s in torch_adamw_states(opt)
-                            if id(s.param) in self._by_main}
+        if self.method == Method.ADAMW:
+            self._steps.commit(self._torch_optimizers)
         self._params.mark()
         self._reason = None
 
     def _changes(self, shard: MainShard) -> ChangeSet:
-        if self.method == Method.CAST:
-            found = self._cast.changes(shard.name, shard.model)
-        else:
-            state = self._stepped.get(shard.name)
-            if state is None:
-                found = ChangeSet.empty(shard.model)
-            else:
-                found = invert_adamw(shard.name, state.param, state.exp_avg, state.exp_avg_sq,
-                                     state.hyper, previous_step=self._synced.get(shard.name, 0),
-                                     dtype=shard.param.dtype)
+        detector = self._cast if self.method == Method.CAST else self._steps
+        found = detector.changes(shard.name, shard.model)
         dtype = index_dtype(shard.param.numel())
         return ChangeSet((found.indices.to(torch.int64) + shard.start).to(dtype),
                          found.base_low, found.base_high)
 
-    def _hook(self, inner: object) -> None:
-        stepped_here = {id(p) for g in inner.optimizer.param_groups for p in g["params"]}
-        shards = [s for s in self._shards.values() if id(s.main) in stepped_here]
+    def _hook(self, inner: object, shards: Sequence[MainShard]) -> None:
         _wrap(inner, "reload_model_params", lambda: self._needs_full(RELOADED))
         _wrap(inner, "load_state_dict", lambda: self._needs_full(OPTIMIZER_LOADED))
         if self.method == Method.CAST:
@@ -145,19 +130,8 @@ class MegatronChanges:
             # pass on CUDA); the setups where Megatron's copy does more are refused.
             inner._copy_main_params_to_model_params = lambda: self._compare_and_copy(shards)
             return
-        before: dict[int, int] = {}
-
-        def pre(optimizer, *_):
-            before.clear()
-            before.update({id(p): int(s["step"]) for p, s in optimizer.state.items() if s})
-
-        def post(optimizer, *_):
-            for state in torch_adamw_states(optimizer):
-                name = self._by_main.get(id(state.param))
-                if name is not None and before.get(id(state.param)) != state.hyper.step:
-                    self._stepped[name] = state
-        inner.optimizer.register_step_pre_hook(pre)
-        inner.optimizer.register_step_post_hook(post)
+        inner.optimizer.register_step_post_hook(
+            lambda optimizer, *_: self._steps.record(optimizer))
 
     @torch.no_grad()
     def _compare_and_copy(self, shards: Sequence[MainShard]) -> None:

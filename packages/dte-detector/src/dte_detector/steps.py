@@ -1,0 +1,70 @@
+"""Which AdamW step each tensor took since the last sync: what ``invert_adamw`` inverts.
+
+A trainer may step several times between syncs while each tensor steps at most once (a
+tensor without gradient is left alone by torch's AdamW, step count included), and the lr
+or betas may change between those steps. So each tensor keeps the state of its own last
+step, recorded right after an optimizer step only if its step count moved since what was
+recorded (or, with nothing recorded, since the last commit). A tensor that stepped more
+than once since the commit is a step gap: that version must go in full.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+
+import torch
+
+from .changes import ChangeSet
+from .errors import StepGapError
+from .inversion import invert_adamw
+from .torch_adamw import AdamWState, torch_adamw_states
+
+
+class AdamWSteps:
+    """Per tensor name, its AdamW state after its last step since the last ``commit``.
+
+    Args:
+        names: the names one optimizer parameter is synced under (several for tied
+            weights, none for a parameter the caller does not sync).
+    """
+
+    def __init__(self, names: Callable[[torch.Tensor], Sequence[str]]):
+        self._names = names
+        self._stepped: dict[str, AdamWState] = {}
+        self._synced: dict[str, int] = {}
+
+    def record(self, optimizer: torch.optim.Optimizer) -> None:
+        """Call right after ``optimizer.step()`` (before any lr scheduler step)."""
+        for state in torch_adamw_states(optimizer):
+            for name in self._names(state.param):
+                last = self._stepped.get(name)
+                seen = last.hyper.step if last is not None else self._synced.get(name, 0)
+                if state.hyper.step != seen:
+                    self._stepped[name] = state
+
+    def gap(self) -> StepGapError | None:
+        """The first tensor that took more than one step since the commit, if any."""
+        for name, state in self._stepped.items():
+            previous = self._synced.get(name, 0)
+            if state.hyper.step != previous + 1:
+                return StepGapError(name, previous=previous, current=state.hyper.step)
+        return None
+
+    def changes(self, name: str, model: torch.Tensor) -> ChangeSet:
+        """The change set of ``model`` (the tensor in the payload dtype) since the commit.
+
+        Raises:
+            StepGapError: more than one step since the commit.
+        """
+        state = self._stepped.get(name)
+        if state is None:  # no step since the commit: unchanged
+            return ChangeSet.empty(model)
+        return invert_adamw(name, state.param, state.exp_avg, state.exp_avg_sq, state.hyper,
+                            previous_step=self._synced.get(name, 0), dtype=model.dtype)
+
+    def commit(self, optimizers: Iterable[torch.optim.Optimizer]) -> None:
+        """A version was delivered: step counts from the optimizers themselves (a loaded
+        state has steps this object never saw), nothing stepped since."""
+        self._synced = {name: s.hyper.step for opt in optimizers
+                        for s in torch_adamw_states(opt) for name in self._names(s.param)}
+        self._stepped.clear()
