@@ -18,7 +18,7 @@ import torch
 
 from ..errors import UnsupportedModelError
 
-TESTED = ("0.16.1",)
+TESTED = ("0.16.1", "0.17.0")
 """megatron-core versions whose optimizer structures this module was checked against on a
 GPU (tools/gpu/check_megatron.py); others are attached if the structures are there."""
 _DISTRIBUTED = ("shard_fp32_from_float16_groups", "model_float16_groups", "shard_fp32_groups",
