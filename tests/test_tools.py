@@ -5,6 +5,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -38,11 +40,14 @@ def test_bench_actor_checks_runs():
     assert lines[1].startswith("| 20") and lines[1].count("|") == 10
 
 
-def test_bench_sync_smoke_is_bitwise(tmp_path):
-    """The one-GPU sync benchmark on a tiny model on the CPU: one Markdown row whose last
-    column (every sync bitwise) is True, and its JSON and plot."""
-    (row,) = [line for line in run_tool("tools/bench_sync.py", "--smoke", "--steps", "2",
-                                        "--warmup-steps", "1", "--out", str(tmp_path))
+@pytest.mark.parametrize("gpus", ["1", "2"])
+def test_bench_sync_smoke_is_bitwise(tmp_path, gpus):
+    """The sync benchmark on a tiny model on the CPU (two ranks over gloo for ``--gpus
+    2``): one Markdown row whose last column (every sync bitwise) is True, and its JSON
+    and plot."""
+    (row,) = [line for line in run_tool("tools/bench_sync.py", "--smoke", "--gpus", gpus,
+                                        "--steps", "2", "--warmup-steps", "1",
+                                        "--out", str(tmp_path))
               if line.startswith("| 20")]
     assert "True" == row.split("|")[-2].strip()
     assert (tmp_path / "sync.json").exists() and (tmp_path / "sync.png").exists()

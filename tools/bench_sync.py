@@ -1,28 +1,34 @@
-"""End-to-end weight sync of a Qwen3-4B-shaped model on one GPU: deltas against dense.
+"""End-to-end weight sync of a Qwen3-4B-shaped model, deltas against dense, on one GPU or two.
 
-The trainer is a real training loop: a ``transformers`` Qwen3 model (random weights, bf16)
-does forward and backward on random token batches, its gradients step fp32 masters with
-fused ``torch.optim.AdamW`` (lr 3e-6, wd 0.003) inside ``areal_dte.TorchActor``
-(``--method``), whose bf16 copy goes back into the model for the next step. The rollout
-holds the weights in SGLang's layout (fused ``qkv_proj`` and ``gate_up_proj``), so every
-index is remapped (``areal_dte.shard_stage.ShardStage``). Trainer and rollout share the
-GPU; the link is ``dte_transport.Loopback``, so ``send`` is the rollout's decode, remap
-and apply. The trainer is in the Hugging Face layout: the Megatron layout's trainer side
-is measured by ``tools/gpu/check_megatron.py`` (detectors) and, over NCCL between two
-GPUs, by ``tools/gpu/bench_p2p.py``.
+The trainer is a real training loop in Megatron's layout: a ``transformers`` Qwen3 model
+(random weights, bf16) does forward and backward on random token batches; its gradients
+are cut into Megatron's TP1 layout (fused ``linear_qkv`` with interleaved query groups,
+fused ``linear_fc1``), where fp32 masters take a fused ``torch.optim.AdamW`` step (lr 3e-6,
+wd 0.003) inside ``areal_dte.TorchActor`` (``--method``). The actor's bf16 copy goes back
+into the Hugging Face modules for the next step (outside every timer). The rollout holds
+SGLang's layout (fused ``qkv_proj`` and ``gate_up_proj``), so every index is remapped.
 
-Per sync after ``--warmup-steps``: changed fraction; bytes (ours, int32 index + bf16
-value, dense); time per phase and end to end, with every rollout tensor compared bit for
-bit with the layout's conversion of the trainer's bf16 weights. In the same run: a
-device-to-device copy of every bf16 weight (the one-GPU dense wire), our own full sync,
-the HBM copy bandwidth, and wire times computed from measured link bandwidths (NVLink
-between two H200s, 370 GB/s, DESIGN.md section 6; a 25 GB/s network link) for dense and
-for our payload, labelled as computed. The floor adds the detector's minimal bytes (14 B
-per element for ``adamw``, 6 B for ``cast``) at the copy bandwidth, the payload at the
-link and the apply (8 B per changed element).
+* ``--gpus 1``: trainer and rollout share the GPU; the link is ``dte_transport.Loopback``
+  into a ``Receiver`` with a ``ShardStage``; the dense baseline is a device-to-device copy
+  of every bf16 weight, and wire times over NVLink (370 GB/s, two H200s, DESIGN.md
+  section 6) and a 25 GB/s network link are computed from measured bandwidths and
+  labelled so.
+* ``--gpus 2``: rank 0 trains on GPU0, rank 1 holds the rollout on GPU1; the sync is
+  ``GroupSender``/``GroupReceiver`` over NCCL (``--link nvlink``), or NCCL held to
+  sockets (``--link sockets``: ``NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1``) standing for a
+  cross-node link; the dense baseline is one NCCL send of every bf16 weight, measured
+  after every sync. That send also carries the trainer's weights for the bitwise check.
 
-    python3 tools/bench_sync.py --out $OUT        # on the GPU machine, src folders on PYTHONPATH
-    uv run python tools/bench_sync.py --smoke     # a tiny model on the CPU: the script itself
+Per sync after ``--warmup-steps``: changed fraction, bytes (ours, int32 index + bf16
+value, dense), time per phase and end to end, and every rollout tensor compared bit for
+bit with the layout conversion of the trainer's bf16 weights. The first sync is our full
+sync. The floor adds the detector's minimal bytes (14 B per element for ``adamw``, 6 B for
+``cast``) at the copy bandwidth, the payload at the link and the apply (8 B per changed
+element).
+
+    python3 tools/bench_sync.py --out $OUT              # on the GPU machine, src folders on PYTHONPATH
+    python3 tools/bench_sync.py --gpus 2 --link sockets --out $OUT
+    uv run python tools/bench_sync.py --smoke [--gpus 2]  # a tiny model on the CPU (gloo)
 """
 
 from __future__ import annotations
@@ -30,146 +36,195 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import os
+import socket
 import statistics
 import time
 from pathlib import Path
 
+import attrs
 import torch
+import torch.distributed as dist
 from areal_dte import Method, TorchActor
 from areal_dte.shard_stage import ShardStage
-from dte_codec.geometry import materialize
-from dte_codec.layouts import ModelConfig, hf_shard
+from dte_codec.geometry import Shard, materialize, plan
+from dte_codec.layouts import ModelConfig, canonical_tensors
+from dte_codec.megatron_layout import MegatronLayout, megatron_shard
 from dte_codec.sglang_layout import SGLangLayout, sglang_shard
 from dte_transport import Loopback, Receiver, Sender
+from dte_transport.group import GroupReceiver, GroupSender, Roles
 from provenance import git_sha, machine
 
 QWEN3_4B = dict(vocab=151936, hidden=2560, layers=36, heads=32, kv_heads=8, head_dim=128,
                 intermediate=9728)
-SMOKE = dict(vocab=96, hidden=32, layers=2, heads=4, kv_heads=2, head_dim=8, intermediate=64)
+SMOKE = dict(vocab=128, hidden=32, layers=2, heads=4, kv_heads=2, head_dim=8, intermediate=64)
 NVLINK_GBPS = 370.0
 """GPU0 -> GPU1 NCCL send measured on two H200s (DESIGN.md, section 6)."""
 NETWORK_GBPS = 25.0
 DETECTOR_BYTES = {Method.ADAMW: 14, Method.CAST: 6, Method.SNAPSHOT: 4}
 APPLY_BYTES = 8
+SOCKETS = {"NCCL_P2P_DISABLE": "1", "NCCL_SHM_DISABLE": "1"}
 
 
 def parse() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--method", default="adamw", choices=[m.value for m in Method])
+    p.add_argument("--gpus", type=int, default=1, choices=[1, 2])
+    p.add_argument("--link", default="nvlink", choices=["nvlink", "sockets"],
+                   help="--gpus 2: NCCL as it comes, or held to sockets")
     p.add_argument("--warmup-steps", type=int, default=3)
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--batch", type=int, default=2)
     p.add_argument("--seq", type=int, default=256)
     p.add_argument("--lr", type=float, default=3e-6)
     p.add_argument("--layers", type=int, default=QWEN3_4B["layers"])
+    p.add_argument("--sha", default=None, help="the tree's sha, where the machine has no git")
     p.add_argument("--smoke", action="store_true", help="tiny model on the CPU")
     p.add_argument("--out", type=Path, default=None, help="folder for sync.json and sync.png")
     return p.parse_args()
 
 
-class Bench:
-    """Trainer, rollout and clocks of one run."""
+def model_config(args: argparse.Namespace) -> ModelConfig:
+    shape = dict(SMOKE if args.smoke else QWEN3_4B, layers=2 if args.smoke else args.layers)
+    return ModelConfig(**shape, tie_word_embeddings=True)
 
-    def __init__(self, args: argparse.Namespace):
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def timed(device: torch.device, fn):
+    synchronize(device)
+    start = time.perf_counter()
+    out = fn()
+    synchronize(device)
+    return out, (time.perf_counter() - start) * 1e3
+
+
+def to_canonical(shard: Shard, local: dict[str, torch.Tensor],
+                 canonical: dict[str, torch.Tensor]) -> None:
+    """Write the shard's tensors into the full canonical (Hugging Face) tensors."""
+    for piece in shard.pieces:
+        target = canonical[piece.canonical][piece.region.slices()]
+        target.copy_(local[piece.tensor][piece.local.slices()].view(target.shape))
+
+
+def rollout_expected(config: ModelConfig, trainer: Shard, rollout: Shard,
+                     weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """What a full load of the trainer's bf16 ``weights`` gives the rollout shard."""
+    device = next(iter(weights.values())).device
+    canonical = {n: torch.empty(s.shape, dtype=s.dtype, device=device)
+                 for n, s in canonical_tensors(config).items()}
+    to_canonical(trainer, weights, canonical)
+    return materialize(rollout, canonical)
+
+
+def same_bits(expected: dict[str, torch.Tensor], got: dict[str, torch.Tensor]) -> bool:
+    return all(torch.equal(expected[n].view(torch.int16), t.view(torch.int16))
+               for n, t in got.items())
+
+
+class Trainer:
+    """The training loop: HF modules for forward/backward, Megatron-layout masters."""
+
+    def __init__(self, args: argparse.Namespace, device: torch.device, sender):
         from transformers import Qwen3Config, Qwen3ForCausalLM
 
-        self.args = args
-        self.device = torch.device("cpu" if args.smoke else "cuda")
-        shape = dict(SMOKE if args.smoke else QWEN3_4B, layers=2 if args.smoke else args.layers)
-        self.config = ModelConfig(**shape, tie_word_embeddings=True)
+        self.args, self.device = args, device
+        self.config = config = model_config(args)
         torch.manual_seed(0)
-        hf = Qwen3Config(vocab_size=shape["vocab"], hidden_size=shape["hidden"],
-                         num_hidden_layers=shape["layers"], num_attention_heads=shape["heads"],
-                         num_key_value_heads=shape["kv_heads"], head_dim=shape["head_dim"],
-                         intermediate_size=shape["intermediate"], tie_word_embeddings=True,
+        hf = Qwen3Config(vocab_size=config.vocab, hidden_size=config.hidden,
+                         num_hidden_layers=config.layers, num_attention_heads=config.heads,
+                         num_key_value_heads=config.kv_heads, head_dim=config.head_dim,
+                         intermediate_size=config.intermediate, tie_word_embeddings=True,
                          torch_dtype=torch.bfloat16)
-        with torch.device(self.device):
+        with torch.device(device):
             self.model = Qwen3ForCausalLM(hf).to(torch.bfloat16)
         self.params = dict(self.model.named_parameters())
-        masters = {n: torch.nn.Parameter(p.detach().float()) for n, p in self.params.items()}
+        self.shard = megatron_shard(config, MegatronLayout(tp=1), rank=0)
+        fp32 = attrs.evolve(self.shard, tensors={n: attrs.evolve(s, dtype=torch.float32)
+                                                 for n, s in self.shard.tensors.items()})
+        self.fp32_shard = fp32
+        masters = {n: torch.nn.Parameter(t) for n, t in
+                   materialize(fp32, {n: p.detach().float() for n, p in self.params.items()})
+                   .items()}
         optimizer = torch.optim.AdamW(masters.values(), lr=args.lr, weight_decay=0.003,
-                                      fused=not args.smoke)
-        shard = sglang_shard(self.config, SGLangLayout(tp=1), rank=0)
-        self.shard = shard
-        rollout = {n: torch.zeros(s.shape, dtype=s.dtype, device=self.device)
-                   for n, s in shard.tensors.items()}
-        stage = ShardStage.of(hf_shard(self.config), shard, rollout)
-        self.receiver = Receiver(rollout, device=self.device, stage=stage)
-        self.actor = TorchActor(masters, optimizer, Sender(Loopback(self.receiver),
-                                                           anchor_interval=0),
-                                method=Method(args.method))
+                                      fused=device.type == "cuda")
+        self.actor = TorchActor(masters, optimizer, sender, method=Method(args.method))
         self.numel = sum(p.numel() for p in masters.values())
-        self.gen = torch.Generator(device=self.device).manual_seed(1)
+        self.gen = torch.Generator(device=device).manual_seed(1)
 
-    def sync_device(self) -> None:
-        if self.device.type == "cuda":
-            torch.cuda.synchronize()
-
-    def timed(self, fn):
-        self.sync_device()
-        start = time.perf_counter()
-        out = fn()
-        self.sync_device()
-        return out, (time.perf_counter() - start) * 1e3
-
-    def train_step(self) -> None:
+    def step(self) -> None:
         ids = torch.randint(0, self.config.vocab, (self.args.batch, self.args.seq),
                             device=self.device, generator=self.gen)
-        loss = self.model(input_ids=ids, labels=ids).loss
-        loss.backward()
-        for name, param in self.params.items():
-            self.actor.masters[name].grad = param.grad.float()
+        self.model(input_ids=ids, labels=ids).loss.backward()
+        grads = materialize(self.fp32_shard, {n: p.grad.float() for n, p in self.params.items()})
+        for name, master in self.actor.masters.items():
+            master.grad = grads[name]
+        for param in self.params.values():
             param.grad = None
         self.actor.step()
         with torch.no_grad():
-            for name, param in self.params.items():
-                param.copy_(self.actor.model[name])
+            to_canonical(self.shard, self.actor.model, self.params)
         for master in self.actor.masters.values():
             master.grad = None
 
-    def bitwise(self) -> bool:
-        expected = materialize(self.shard, self.actor.model)
-        return all(torch.equal(expected[n].view(torch.int16), t.view(torch.int16))
-                   for n, t in self.receiver.weights.items())
 
-    def copy_all_ms(self) -> float:
-        """Every bf16 weight copied device to device: the one-GPU dense wire."""
-        sources = list(self.actor.model.values())
-        targets = [torch.empty_like(t) for t in sources]
-
-        def copy():
-            for target, source in zip(targets, sources):
-                target.copy_(source)
-        copy()
-        return min(self.timed(copy)[1] for _ in range(3))
+def rollout_shard(config: ModelConfig, rank: int) -> Shard:
+    return attrs.evolve(sglang_shard(config, SGLangLayout(tp=1), rank=0), rank=rank)
 
 
-def run(args: argparse.Namespace) -> dict:
-    bench = Bench(args)
+def zeros(shard: Shard, device: torch.device) -> dict[str, torch.Tensor]:
+    return {n: torch.zeros(s.shape, dtype=s.dtype, device=device) for n, s in shard.tensors.items()}
+
+
+def one_gpu(args: argparse.Namespace) -> dict:
+    device = torch.device("cpu" if args.smoke else "cuda")
+    config = model_config(args)
+    shard = rollout_shard(config, 0)
+    rollout = zeros(shard, device)
+    trainer_shard = megatron_shard(config, MegatronLayout(tp=1), rank=0)
+    receiver = Receiver(rollout, device=device,
+                        stage=ShardStage.of(trainer_shard, shard, rollout))
+    trainer = Trainer(args, device, Sender(Loopback(receiver), anchor_interval=0))
     for _ in range(args.warmup_steps):
-        bench.train_step()
-    copy_ms = bench.copy_all_ms()
-    dense_bytes = 2 * bench.numel
-    report, full_ms = bench.timed(lambda: bench.actor.sync(1))
+        trainer.step()
+    dense_ms = copy_ms(trainer.actor.model, device)
+    _, full_ms = timed(device, lambda: trainer.actor.sync(1))
     steps = []
     for version in range(2, args.steps + 2):
-        bench.train_step()
-        report, total_ms = bench.timed(lambda: bench.actor.sync(version))
-        steps.append({"kind": report.kind.value, "changed": report.changed,
-                      "payload_bytes": report.payload_bytes, "ms": dict(report.ms),
-                      "total_ms": total_ms, "bitwise": bench.bitwise()})
-    bandwidth = 2 * dense_bytes / copy_ms / 1e6  # read + write, GB/s
+        trainer.step()
+        report, total_ms = timed(device, lambda: trainer.actor.sync(version))
+        expected = rollout_expected(config, trainer.shard, shard, trainer.actor.model)
+        steps.append(step_row(report, total_ms, same_bits(expected, rollout)))
+    dense_bytes = 2 * trainer.numel
+    return summary(args, device, trainer.numel, steps, full_ms=full_ms, dense_ms=dense_ms,
+                   dense_label="dense copy on one GPU (measured)",
+                   bandwidth=2 * dense_bytes / dense_ms / 1e6, link_gbps=NVLINK_GBPS)
+
+
+def step_row(report, total_ms: float, bitwise: bool) -> dict:
+    return {"kind": report.kind.value, "changed": report.changed,
+            "payload_bytes": report.payload_bytes, "ms": dict(report.ms),
+            "total_ms": total_ms, "bitwise": bitwise}
+
+
+def summary(args, device, numel: int, steps: list[dict], *, full_ms: float, dense_ms: float,
+            dense_label: str, bandwidth: float, link_gbps: float) -> dict:
+    """The run's JSON: every step, medians of the deltas, computed wire times and floor."""
+    dense_bytes = 2 * numel
     deltas = [s for s in steps if s["kind"] == "delta"]
     median = statistics.median(s["total_ms"] for s in deltas) if deltas else float("nan")
     payload = statistics.median(s["payload_bytes"] for s in deltas) if deltas else 0
     changed = statistics.median(s["changed"] for s in deltas) if deltas else 0
-    floor = (DETECTOR_BYTES[Method(args.method)] * bench.numel / bandwidth / 1e6
-             + payload / NVLINK_GBPS / 1e6 + APPLY_BYTES * changed / bandwidth / 1e6)
+    floor = (DETECTOR_BYTES[Method(args.method)] * numel / bandwidth / 1e6
+             + payload / link_gbps / 1e6 + APPLY_BYTES * changed / bandwidth / 1e6)
     return {
-        "date": datetime.date.today().isoformat(), "sha": git_sha(),
-        "machine": machine(str(bench.device)), "args": {k: str(v) for k, v in vars(args).items()},
-        "params": bench.numel, "dense_bytes": dense_bytes, "copy_bandwidth_gbps": bandwidth,
-        "dense_copy_ms": copy_ms, "full_sync_ms": full_ms, "first_kind": report.kind.value,
+        "date": datetime.date.today().isoformat(), "sha": args.sha or git_sha(),
+        "machine": machine(str(device)), "args": {k: str(v) for k, v in vars(args).items()},
+        "params": numel, "dense_bytes": dense_bytes, "copy_bandwidth_gbps": bandwidth,
+        "dense_ms": dense_ms, "dense_label": dense_label, "full_sync_ms": full_ms,
         "steps": steps, "delta_median_ms": median, "payload_median_bytes": payload,
         "changed_median": changed, "floor_ms": floor,
         "computed": {"dense_nvlink_ms": dense_bytes / NVLINK_GBPS / 1e6,
@@ -177,6 +232,100 @@ def run(args: argparse.Namespace) -> dict:
                      "dense_network_ms": dense_bytes / NETWORK_GBPS / 1e6,
                      "delta_network_wire_ms": payload / NETWORK_GBPS / 1e6},
     }
+
+
+def dense_send(rank: int, tensors: list[torch.Tensor], device: torch.device) -> float:
+    """One NCCL (gloo) send of every tensor from rank 0 into rank 1's ``tensors``."""
+    ops = [dist.P2POp(dist.isend if rank == 0 else dist.irecv, t, 1 - rank) for t in tensors]
+
+    def go():
+        for work in dist.batch_isend_irecv(ops):
+            work.wait()
+    return timed(device, go)[1]
+
+
+def two_gpus(rank: int, args: argparse.Namespace, port: int, queue) -> None:
+    if args.smoke:
+        device = torch.device("cpu")
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                                world_size=2)
+    else:
+        device = torch.device("cuda", rank)
+        torch.cuda.set_device(device)
+        dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                                world_size=2, device_id=device,
+                                timeout=datetime.timedelta(minutes=10))
+    config = model_config(args)
+    roles = Roles([0], [1])
+    target = rollout_shard(config, 1)
+    trainer_shard = megatron_shard(config, MegatronLayout(tp=1), rank=0)
+    if rank == 0:
+        sender = GroupSender(plan(trainer_shard, [target]), roles=roles, stream_id="bench",
+                             device=device, anchor_interval=0)
+        trainer = Trainer(args, device, sender)
+        for _ in range(args.warmup_steps):
+            trainer.step()
+        weights = list(trainer.actor.model.values())
+        report, full_ms = timed(device, lambda: trainer.actor.sync(1))
+    else:
+        rollout = zeros(target, device)
+        receiver = GroupReceiver(rollout, roles=roles, device=device)
+        weights = [torch.empty(s.shape, dtype=s.dtype, device=device)
+                   for s in trainer_shard.tensors.values()]
+        receiver.sync()
+    dense = [dense_send(rank, weights, device) for _ in range(3)]
+    steps = []
+    for version in range(2, args.steps + 2):
+        if rank == 0:
+            trainer.step()
+            report, total_ms = timed(device, lambda: trainer.actor.sync(version))
+        else:
+            receiver.sync()
+        dense.append(dense_send(rank, weights, device))
+        bitwise = torch.zeros(1, dtype=torch.int64, device=device)
+        if rank == 1:
+            trainer_weights = dict(zip(trainer_shard.tensors, weights))
+            expected = rollout_expected(config, trainer_shard, target, trainer_weights)
+            bitwise += int(same_bits(expected, rollout))
+        dist.all_reduce(bitwise)
+        if rank == 0:
+            steps.append(step_row(report, total_ms, bool(bitwise.item())))
+    if rank == 0:
+        dense_ms = statistics.median(dense)
+        label = f"dense {dist.get_backend()} send ({args.link}, measured)"
+        hbm = 4 * trainer.numel / copy_ms(trainer.actor.model, device) / 1e6
+        queue.put(summary(args, device, trainer.numel, steps, full_ms=full_ms,
+                          dense_ms=dense_ms, dense_label=label, bandwidth=hbm,
+                          link_gbps=2 * trainer.numel / dense_ms / 1e6))
+    dist.destroy_process_group()
+
+
+def copy_ms(tensors: dict[str, torch.Tensor], device: torch.device) -> float:
+    """A device-to-device copy of every tensor, best of 3 after one warm-up."""
+    sources = list(tensors.values())
+    targets = [torch.empty_like(t) for t in sources]
+
+    def copy():
+        for target, source in zip(targets, sources):
+            target.copy_(source)
+    copy()
+    return min(timed(device, copy)[1] for _ in range(3))
+
+
+def spawn_two(args: argparse.Namespace) -> dict:
+    import torch.multiprocessing as mp
+
+    if args.link == "sockets":
+        os.environ.update(SOCKETS)
+    os.environ.setdefault("NCCL_NVLS_ENABLE", "0")  # the device README: multicast stays off
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ctx = mp.get_context("spawn")
+    queue = ctx.SimpleQueue()
+    mp.start_processes(two_gpus, args=(args, port, queue), nprocs=2, join=True,
+                       start_method="spawn")
+    return queue.get()
 
 
 def plot(results: dict, path: Path) -> None:
@@ -192,17 +341,21 @@ def plot(results: dict, path: Path) -> None:
         values = [s["ms"].get(phase, 0.0) for s in deltas]
         ax.bar(range(len(deltas)), values, bottom=bottom, label=f"delta: {phase}")
         bottom = [b + v for b, v in zip(bottom, values)]
-    lines = ((results["dense_copy_ms"], "dense copy on one GPU (measured)", "black"),
-             (results["computed"]["dense_nvlink_ms"], "dense over NVLink (computed)", "red"),
-             (results["floor_ms"], "floor (computed)", "grey"))
+    lines = [(results["dense_ms"], results["dense_label"], "black"),
+             (results["floor_ms"], "floor (computed)", "grey")]
+    if results["args"]["gpus"] == "1":
+        lines.append((results["computed"]["dense_nvlink_ms"], "dense over NVLink (computed)",
+                      "red"))
     for value, label, color in lines:
         ax.axhline(value, linestyle="--", color=color, label=f"{label}: {value:.2f} ms")
     ax.set_xticks(range(len(deltas)))
     ax.set_yscale("log")
     ax.set_xlabel("sync after warm-up")
     ax.set_ylabel("ms")
+    gpus = results["args"]["gpus"]
+    link = f", {results['args']['link']}" if gpus == "2" else ""
     ax.set_title(f"{results['params'] / 1e9:.2f}e9 params, {results['args']['method']}, "
-                 f"{results['machine'].split(';')[0]}, {results['date']}")
+                 f"{gpus} GPU{link}, {results['machine'].split(';')[0]}, {results['date']}")
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -210,16 +363,19 @@ def plot(results: dict, path: Path) -> None:
 
 def main() -> None:
     args = parse()
-    results = run(args)
+    results = one_gpu(args) if args.gpus == 1 else spawn_two(args)
     c = results["computed"]
-    print(f"| {results['date']} | `{results['sha']}` | {results['machine']} | "
-          f"`python3 tools/bench_sync.py --method {args.method} --steps {args.steps}` | "
-          f"{results['params'] / 1e9:.2f}e9 | {100 * results['changed_median'] / results['params']:.2f} % | "
+    command = f"python3 tools/bench_sync.py --method {args.method} --gpus {args.gpus}" + (
+        f" --link {args.link}" if args.gpus == 2 else "") + f" --steps {args.steps}"
+    print(f"| {results['date']} | `{results['sha']}` | {results['machine']} | `{command}` | "
+          f"{results['params'] / 1e9:.2f}e9 | "
+          f"{100 * results['changed_median'] / results['params']:.2f} % | "
           f"{results['payload_median_bytes'] / max(results['changed_median'], 1):.2f} B/chg | "
-          f"{results['delta_median_ms']:.1f} ms | {results['dense_copy_ms']:.1f} ms | "
-          f"{results['full_sync_ms']:.0f} ms | {c['dense_nvlink_ms']:.1f} / "
-          f"{c['delta_nvlink_wire_ms']:.2f} ms | {c['dense_network_ms']:.0f} / "
-          f"{c['delta_network_wire_ms']:.1f} ms | {results['floor_ms']:.1f} ms | "
+          f"{results['delta_median_ms']:.1f} ms | {results['dense_label']}: "
+          f"{results['dense_ms']:.1f} ms | {results['full_sync_ms']:.0f} ms | "
+          f"{c['dense_nvlink_ms']:.1f} / {c['delta_nvlink_wire_ms']:.2f} ms | "
+          f"{c['dense_network_ms']:.0f} / {c['delta_network_wire_ms']:.1f} ms | "
+          f"{results['floor_ms']:.1f} ms | "
           f"{all(s['bitwise'] for s in results['steps'])} |", flush=True)
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)

@@ -1,5 +1,5 @@
-"""ShardStage: Hugging Face-named payloads applied into the fused, sharded tensors of
-SGLang ranks, checked against ``materialize`` of the new canonical weights (which reads
+"""ShardStage: Hugging Face-named (or Megatron-layout) payloads applied into the fused,
+sharded tensors of SGLang ranks, checked against ``materialize`` of the new canonical weights (which reads
 the layout's pieces, not the stage's plan)."""
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from dte_codec import encode_delta, encode_full
 from dte_codec.apply import Staged
 from dte_codec.geometry import materialize
 from dte_codec.layouts import ModelConfig, canonical_tensors, hf_shard
+from dte_codec.megatron_layout import MegatronLayout, megatron_shard
 from dte_codec.parts import assemble, box_part
 from dte_codec.header import Kind
 from dte_codec.sglang_layout import SGLangLayout, sglang_shard
@@ -88,6 +89,33 @@ def test_full_then_deltas_equal_a_full_load(config, layout):
         for shard, receiver in ranks:
             assert receiver.receive(data).accepted
             assert first_difference(_expected(shard, weights), receiver.weights) is None
+
+
+@pytest.mark.parametrize(("config", "layout"), [LAYOUTS[1], LAYOUTS[3]], ids=[IDS[1], IDS[3]])
+def test_megatron_source_equals_a_full_load(config, layout):
+    """A sender in Megatron's layout (fused, query-group-interleaved ``linear_qkv``, fused
+    ``linear_fc1``, grouped experts): its full and delta payloads, named by its own
+    tensors, land on every SGLang rank as a full load of the same canonical weights."""
+    source = megatron_shard(config, MegatronLayout(), rank=0)
+    canonical = _canonical(config, 0)
+    ranks = []
+    for rank in range(layout.tp):
+        shard = sglang_shard(config, layout, rank=rank)
+        local = materialize(shard, _canonical(config, 1), fill=PADDING)
+        ranks.append((shard, Receiver(local, stage=ShardStage.of(source, shard, local))))
+    weights = materialize(source, canonical)
+    for shard, receiver in ranks:
+        assert receiver.receive(encode_full(weights, stream_id="s", version=1)).accepted
+        assert first_difference(_expected(shard, canonical), receiver.weights) is None
+    for version, rate in ((2, 0.02), (3, 0.3)):
+        canonical = _step(canonical, version, rate)
+        new = materialize(source, canonical)
+        data = encode_delta(new, {n: diff(weights[n], new[n]) for n in new}, stream_id="s",
+                            base_version=version - 1, version=version)
+        weights = new
+        for shard, receiver in ranks:
+            assert receiver.receive(data).accepted
+            assert first_difference(_expected(shard, canonical), receiver.weights) is None
 
 
 @given(case=st.sampled_from(LAYOUTS), seed=st.integers(0, 2**16), rate=st.floats(0, 0.5))

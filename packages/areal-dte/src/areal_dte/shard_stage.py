@@ -1,9 +1,10 @@
-"""Stage payloads named in the canonical (Hugging Face) space into one rank's own layout.
+"""Stage payloads named in the sender's layout into one rank's own layout.
 
-A trainer encodes its weights under their Hugging Face names; a rollout rank holds them
+A trainer encodes its weights under their Hugging Face names (or in its own layout, e.g.
+Megatron's fused and interleaved tensors); a rollout rank holds them
 fused and sharded (SGLang's ``qkv_proj``, ``gate_up_proj``, ``experts.w13_weight``, a
 padded vocab, one TP slice of each). ``ShardStage`` is a ``dte_transport.receiver.Stage``
-for such a rank. It checks a payload against the canonical tensors with
+for such a rank. It checks a payload against the sender's tensors with
 ``dte_codec.apply.check_fit`` on meta tensors (the checks and errors of a receiver that
 held them by name), then maps every entry onto the local tensors through the shard's
 pieces:
@@ -41,17 +42,19 @@ class ShardStage:
     """
 
     canonical: Mapping[str, torch.Tensor]
-    """Every canonical tensor as a meta tensor (names, shapes and dtypes to check)."""
+    """Every sender tensor as a meta tensor (names, shapes and dtypes to check)."""
     transfers: Mapping[str, tuple[Transfer, ...]]
-    """Per canonical tensor, its boxes in the shard's local tensors (``geometry.plan``)."""
+    """Per sender tensor, its boxes in the shard's local tensors (``geometry.plan``)."""
     pieces: Mapping[str, tuple[Piece, ...]]
-    """Per canonical tensor, the shard's pieces that hold part of it."""
+    """Per sender tensor, the same boxes as pieces (region: the box in the sender's
+    tensor; local: where the shard holds it)."""
 
     @classmethod
     def of(cls, source: Shard, shard: Shard,
            weights: Mapping[str, torch.Tensor]) -> ShardStage:
-        """The stage from the canonical layout ``source`` (``layouts.hf_shard``) into
-        ``shard``, whose local tensors are ``weights``.
+        """The stage from the sender's layout ``source`` (``layouts.hf_shard``, or a
+        trainer shard such as ``megatron_shard``) into ``shard``, whose local tensors are
+        ``weights``.
 
         Raises:
             GeometryError: ``weights`` are not the shard's tensors (names, shapes,
@@ -62,13 +65,16 @@ class ShardStage:
         if strided:
             raise GeometryError("layout", expected="contiguous local tensors",
                                 got=f"strided {strided[:5]}")
-        pieces: dict[str, list[Piece]] = {name: [] for name in source.tensors}
-        for piece in shard.pieces:
-            pieces[piece.canonical].append(piece)
+        transfers = plan(source, [shard])
+        # A transfer is a piece of the source tensor seen from the shard: its source box
+        # plays the region, so dense and box entries are cut by the same geometry as
+        # sparse ones, whatever the source's own layout.
+        pieces = {name: tuple(Piece(tensor=t.target_tensor, local=t.target_box, canonical=name,
+                                    region=t.source_box) for t in ts)
+                  for name, ts in transfers.items()}
         canonical = {name: torch.empty(spec.shape, dtype=spec.dtype, device="meta")
                      for name, spec in source.tensors.items()}
-        return cls(canonical=canonical, transfers=plan(source, [shard]),
-                   pieces={name: tuple(held) for name, held in pieces.items()})
+        return cls(canonical=canonical, transfers=transfers, pieces=pieces)
 
     def __call__(self, weights: Mapping[str, torch.Tensor], payload: Payload) -> Prepared:
         """Check ``payload`` and resolve it into ``weights``, writing nothing.
