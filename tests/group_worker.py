@@ -211,7 +211,8 @@ class _Rollout:
         self.case, self.shard = case, shard
         expected = expected_rollout(shard, canonical_masters(case.config))
         self.weights = {n: torch.zeros_like(t) for n, t in expected.items()}
-        self.receiver = GroupReceiver(self.weights, roles=roles, coalesce=case.coalesce)
+        self.receiver = GroupReceiver(self.weights, roles=roles, coalesce=case.coalesce,
+                                      shard=shard)
 
     def version(self, version, canonical) -> str:
         fault = self.case.fault

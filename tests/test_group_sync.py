@@ -19,6 +19,9 @@ DENSE = ModelConfig(vocab=64, hidden=16, layers=2, heads=4, kv_heads=2, head_dim
                     intermediate=32)
 MOE = ModelConfig(vocab=64, hidden=16, layers=2, heads=4, kv_heads=2, head_dim=4,
                   num_experts=4, moe_intermediate=8)
+PADDED = ModelConfig(vocab=50, hidden=16, layers=2, heads=4, kv_heads=2, head_dim=4,
+                     intermediate=32)
+"""A vocab that SGLang pads (to 64 rows per rank at TP2): rows that no trainer sends."""
 JOIN_SECONDS = 240
 
 
@@ -56,6 +59,8 @@ LAYOUTS = [
                  id="dense-megatron-tp1-to-sglang-tp2-cast"),
     pytest.param(DENSE, MegatronLayout(tp=2), SGLangLayout(tp=4), Method.ADAMW,
                  id="dense-megatron-tp2-to-sglang-tp4-adamw"),
+    pytest.param(PADDED, MegatronLayout(tp=2), SGLangLayout(tp=2), Method.ADAMW,
+                 id="padded-vocab-megatron-tp2-to-sglang-tp2-adamw"),
     pytest.param(MOE, MegatronLayout(ep=2), SGLangLayout(tp=1), Method.CAST,
                  id="moe-megatron-ep2-to-sglang-tp1-cast-fp32-router"),
 ]

@@ -6,8 +6,10 @@ import pytest
 import torch
 from bitwise import first_difference
 from dte_codec import apply_, decode, encode_delta, encode_full
-from dte_codec.apply import Staged
+from dte_codec.apply import Staged, prepare
 from dte_codec.errors import ApplyError, EntryError, MismatchError
+from dte_codec.header import Kind
+from dte_codec.parts import assemble, box_part
 from dte_codec.values import int_view
 from dte_detector import ChangeSet, diff
 
@@ -120,6 +122,26 @@ def test_full_payload_must_cover_every_tensor():
     data = encode_full({"a": weights["a"]}, stream_id="s", version=1)
     assert ("entries: expected every tensor of the receiver, got a full payload without "
             "['b', 'c']") == _mismatch(weights, data)
+
+
+def test_full_covers_exactly_the_held_elements():
+    """With ``held`` (a receiver whose padding rows no sender has), a full version of the
+    rows that come from the model is accepted, padding untouched; one element short of
+    ``held``, or the whole tensor where fewer are held, is refused."""
+    target = torch.full((6, 4), -7.0, dtype=torch.bfloat16)
+    rows = torch.randn(4, 4).to(torch.bfloat16)
+
+    def full(block):
+        return decode(bytes(assemble([box_part("e", block, shape=(6, 4), start=(0, 0))],
+                                     stream_id="s", kind=Kind.FULL, base_version=-1,
+                                     version=1)))
+
+    prepare({"e": target}, [full(rows)], held={"e": 16}).write()
+    assert torch.equal(target[:4], rows) and bool((target[4:] == -7.0).all())
+    for block, held in ((rows[:3], 16), (torch.zeros(6, 4, dtype=torch.bfloat16), 16),
+                        (rows, None)):
+        with pytest.raises(MismatchError, match="elements covered"):
+            prepare({"e": target}, [full(block)], held=held and {"e": held})
 
 
 def test_delta_may_cover_some_tensors():

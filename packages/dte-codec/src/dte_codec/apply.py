@@ -111,9 +111,11 @@ class Prepared:
         _write(list(self.entries), full=self.full, check=check)
 
 
-def prepare(weights: Mapping[str, torch.Tensor], payloads: Sequence[Payload]) -> Prepared:
-    """Stage the payloads of one version (every check of ``apply_all``, no write)."""
-    kind = check_fit(weights, payloads)
+def prepare(weights: Mapping[str, torch.Tensor], payloads: Sequence[Payload], *,
+            held: Mapping[str, int] | None = None) -> Prepared:
+    """Stage the payloads of one version (every check of ``apply_all``, no write);
+    ``held`` as in ``check_fit``."""
+    kind = check_fit(weights, payloads, held=held)
     items = [(weights[entry.name], entry, where, sections)
              for payload in payloads
              for entry, where, sections in zip(payload.header.entries, payload.indices,
@@ -145,11 +147,16 @@ def _resolve_all(items: list[tuple[torch.Tensor, Entry, torch.Tensor | Box,
     return resolved
 
 
-def check_fit(weights: Mapping[str, torch.Tensor], payloads: Sequence[Payload]) -> Kind:
+def check_fit(weights: Mapping[str, torch.Tensor], payloads: Sequence[Payload], *,
+              held: Mapping[str, int] | None = None) -> Kind:
     """Every check of ``prepare`` that reads no values: one stream, kind and version;
     per entry a tensor of that name, dtype and shape, contiguous; entries of one tensor
     disjoint; a full version covering every element. Meta tensors stand in for a
     receiver that holds its tensors in another layout.
+
+    ``held``: per tensor, how many of its elements come from the model when that is
+    fewer than all (a rollout rank's vocab padding rows, which no sender has); a full
+    version must cover exactly that many. Default: every element.
 
     Returns:
         The payloads' kind.
@@ -163,7 +170,7 @@ def check_fit(weights: Mapping[str, torch.Tensor], payloads: Sequence[Payload]) 
         for entry, where in zip(payload.header.entries, payload.indices):
             _check_target(weights, entry)
             regions[entry.name].append(where)
-    _check_regions(weights, regions, kind)
+    _check_regions(weights, regions, kind, held or {})
     return kind
 
 
@@ -237,8 +244,10 @@ def _stage(target: torch.Tensor, entry: Entry, where: torch.Tensor | Box,
 
 
 def _check_regions(weights: Mapping[str, torch.Tensor],
-                   regions: Mapping[str, list[torch.Tensor | Box]], kind: Kind) -> None:
-    """Entries of one tensor must not overlap; a full version must cover every element."""
+                   regions: Mapping[str, list[torch.Tensor | Box]], kind: Kind,
+                   held: Mapping[str, int]) -> None:
+    """Entries of one tensor must not overlap; a full version must cover every element
+    the receiver holds from the model."""
     for name, wheres in regions.items():
         _check_disjoint(name, tuple(weights[name].shape), wheres)
     if kind != Kind.FULL:
@@ -249,8 +258,9 @@ def _check_regions(weights: Mapping[str, torch.Tensor],
                             got=f"a full payload without {missing[:5]}")
     for name, wheres in regions.items():
         covered = sum(where.numel for where in wheres)
-        if covered != weights[name].numel():
-            raise MismatchError("entries", expected=f"{weights[name].numel()} elements covered",
+        expected = held.get(name, weights[name].numel())
+        if covered != expected:
+            raise MismatchError("entries", expected=f"{expected} elements covered",
                                 got=covered, tensor=name)
 
 

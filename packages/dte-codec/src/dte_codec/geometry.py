@@ -113,6 +113,15 @@ def materialize(shard: Shard, canonical: Mapping[str, torch.Tensor], *,
     return out
 
 
+def held_counts(shard: Shard) -> dict[str, int]:
+    """Per local tensor, the elements its pieces hold (fewer than all where a tensor has
+    padding that no canonical tensor fills)."""
+    counts = dict.fromkeys(shard.tensors, 0)
+    for piece in shard.pieces:
+        counts[piece.tensor] += piece.local.numel
+    return counts
+
+
 @attrs.frozen(kw_only=True, cache_hash=True)
 class Transfer:
     """Copy the box ``source_box`` of one source local tensor into the box

@@ -34,7 +34,7 @@ import xxhash
 from dte_codec import ChangeSet, CodecError, Kind, decode
 from dte_codec.apply import prepare
 from dte_codec.errors import ApplyError
-from dte_codec.geometry import Transfer
+from dte_codec.geometry import Shard, Transfer, held_counts
 from dte_codec.parts import Part, assemble, box_part, sparse_part
 from dte_codec.remap import remap
 
@@ -263,8 +263,12 @@ class GroupReceiver:
 
     def __init__(self, weights: MutableMapping[str, torch.Tensor], *, roles: Roles,
                  group: dist.ProcessGroup | None = None, device: str | torch.device = "cpu",
-                 coalesce: bool = True):
+                 coalesce: bool = True, shard: Shard | None = None):
+        """``shard``: this rank's geometry, where some local elements come from no
+        trainer (SGLang's vocab padding rows): a full version then covers exactly the
+        elements its pieces hold, and the rest are never written."""
         self.weights, self.roles, self.group = weights, roles, group
+        self.held = None if shard is None else held_counts(shard)
         self.device, self.coalesce = torch.device(device), coalesce
         self.version: int | None = None
         self.stream_id: str | None = None
@@ -291,7 +295,7 @@ class GroupReceiver:
             payloads = [decode(inbox[rank], device=self.device) for rank in self.roles.trainers]
             header = payloads[0].header
             self._check(header, full)
-            prepared = prepare(self.weights, payloads)
+            prepared = prepare(self.weights, payloads, held=self.held)
         except KeyError as exc:
             rejection, detail = Rejection.BAD_PAYLOAD, f"no payload from trainer rank {exc}"
         except _Refused as exc:
