@@ -57,7 +57,7 @@ from provenance import git_sha, machine
 
 QWEN3_4B = dict(vocab=151936, hidden=2560, layers=36, heads=32, kv_heads=8, head_dim=128,
                 intermediate=9728)
-SMOKE = dict(vocab=128, hidden=32, layers=2, heads=4, kv_heads=2, head_dim=8, intermediate=64)
+SMOKE = dict(vocab=96, hidden=32, layers=2, heads=4, kv_heads=2, head_dim=8, intermediate=64)
 NVLINK_GBPS = 370.0
 """GPU0 -> GPU1 NCCL send measured on two H200s (DESIGN.md, section 6)."""
 NETWORK_GBPS = 25.0
@@ -269,7 +269,7 @@ def two_gpus(rank: int, args: argparse.Namespace, port: int, queue) -> None:
         report, full_ms = timed(device, lambda: trainer.actor.sync(1))
     else:
         rollout = zeros(target, device)
-        receiver = GroupReceiver(rollout, roles=roles, device=device)
+        receiver = GroupReceiver(rollout, roles=roles, device=device, shard=target)
         weights = [torch.empty(s.shape, dtype=s.dtype, device=device)
                    for s in trainer_shard.tensors.values()]
         receiver.sync()
