@@ -79,6 +79,9 @@ def parse() -> argparse.Namespace:
     p.add_argument("--lr", type=float, default=3e-6)
     p.add_argument("--layers", type=int, default=QWEN3_4B["layers"])
     p.add_argument("--sha", default=None, help="the tree's sha, where the machine has no git")
+    p.add_argument("--profile", action="store_true",
+                   help="--gpus 1: one more delta sync under torch.profiler, its tables in "
+                        "--out/profile.txt (not counted in the results)")
     p.add_argument("--smoke", action="store_true", help="tiny model on the CPU")
     p.add_argument("--out", type=Path, default=None, help="folder for sync.json and sync.png")
     return p.parse_args()
@@ -198,10 +201,30 @@ def one_gpu(args: argparse.Namespace) -> dict:
         report, total_ms = timed(device, lambda: trainer.actor.sync(version))
         expected = rollout_expected(config, trainer.shard, shard, trainer.actor.model)
         steps.append(step_row(report, total_ms, same_bits(expected, rollout)))
+    if args.profile and args.out:
+        trainer.step()
+        profiled(lambda: trainer.actor.sync(args.steps + 2), device, args.out)
     dense_bytes = 2 * trainer.numel
     return summary(args, device, trainer.numel, steps, full_ms=full_ms, dense_ms=dense_ms,
                    dense_label="dense copy on one GPU (measured)",
                    bandwidth=2 * dense_bytes / dense_ms / 1e6, link_gbps=NVLINK_GBPS)
+
+
+def profiled(fn, device: torch.device, out: Path) -> None:
+    """Run ``fn`` under torch.profiler: its ops by self CPU and by device time."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda"
+                                           else [])
+    with profile(activities=activities, record_shapes=False, with_stack=False) as prof:
+        fn()
+        synchronize(device)
+    out.mkdir(parents=True, exist_ok=True)
+    table = prof.key_averages()
+    sort = "self_cuda_time_total" if device.type == "cuda" else "self_cpu_time_total"
+    (out / "profile.txt").write_text(
+        table.table(sort_by="self_cpu_time_total", row_limit=40) + "\n\n"
+        + table.table(sort_by=sort, row_limit=40))
 
 
 def step_row(report, total_ms: float, bitwise: bool) -> dict:
