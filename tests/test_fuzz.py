@@ -115,7 +115,7 @@ def setup() -> _Setup:
     new, changes = _step(weights)
     full = encode_full(weights, stream_id=STREAM, version=1)
     delta = encode_delta(new, changes, stream_id=STREAM, base_version=1, version=2)
-    return _Setup(weights, full, delta)
+    return _Setup(weights, bytes(full), bytes(delta))  # fuzzed as the bytes of files and links
 
 
 def _fresh_receiver(setup: _Setup) -> Receiver:
