@@ -101,7 +101,12 @@ class MegatronChanges:
         if reason is not None:
             raise DeltaSyncError("megatron change sets", expected="no reason for a full sync",
                                  got=reason)
-        found = {name: self._changes(shard) for name, shard in self._shards.items()}
+        models = {name: shard.model for name, shard in self._shards.items()}
+        if self.method == Method.CAST:
+            local = {name: self._cast.changes(name, model) for name, model in models.items()}
+        else:  # one batched inversion over every shard
+            local = self._steps.changes_all(models)
+        found = {name: _in_param(local[name], shard) for name, shard in self._shards.items()}
         for group, names in self._dp_groups:
             found.update(union_over_dp({n: found[n] for n in names}, group,
                                        window_bytes=self._window))
@@ -114,13 +119,6 @@ class MegatronChanges:
             self._steps.commit(self._torch_optimizers)
         self._params.mark()
         self._reason = None
-
-    def _changes(self, shard: MainShard) -> ChangeSet:
-        detector = self._cast if self.method == Method.CAST else self._steps
-        found = detector.changes(shard.name, shard.model)
-        dtype = index_dtype(shard.param.numel())
-        return ChangeSet((found.indices.to(torch.int64) + shard.start).to(dtype),
-                         found.base_low, found.base_high)
 
     def _hook(self, inner: object, shards: Sequence[MainShard]) -> None:
         _wrap(inner, "reload_model_params", lambda: self._needs_full(RELOADED))
@@ -135,12 +133,21 @@ class MegatronChanges:
 
     @torch.no_grad()
     def _compare_and_copy(self, shards: Sequence[MainShard]) -> None:
-        for shard in shards:
-            self._cast.record_and_copy(shard.name, shard.main.detach(), shard.model)
+        self._cast.record_and_copy_all(
+            {shard.name: (shard.main.detach(), shard.model) for shard in shards})
 
     def _needs_full(self, reason: str) -> None:
         if self._reason is None:
             self._reason = reason
+
+
+def _in_param(found: ChangeSet, shard: MainShard) -> ChangeSet:
+    """A shard's change set with indices into its whole (flattened) model param."""
+    dtype = index_dtype(shard.param.numel())
+    if shard.start == 0 and found.indices.dtype == dtype:
+        return found
+    return ChangeSet((found.indices.to(torch.int64) + shard.start).to(dtype), found.base_low,
+                     found.base_high)
 
 
 def attach(optimizer: object, model: torch.nn.Module | Sequence[torch.nn.Module], *,
