@@ -135,7 +135,7 @@ def gather(counts: torch.Tensor, firsts: torch.Tensor, total: int, slab: torch.T
     """
     indices = torch.empty(total, dtype=index_dtype(numel), device=counts.device)
     staged = torch.empty((values, total), dtype=torch.int16, device=counts.device)
-    if total:
+    if total and capacity:  # no slab slots: every tile with a change is dense
         tiles = counts.numel()
         per_program = max(1, _GATHER_SLOTS // capacity)
         _gather[(triton.cdiv(tiles, per_program),)](
