@@ -99,7 +99,7 @@ def _tables(runs, tensors, tile_elements: int) -> list[Group]:
         starts = [0]
         for count in tiles:
             starts.append(starts[-1] + count)
-        starts += [_PAST] * (2**steps - len(starts))
+        starts += [_PAST] * (max(2**steps, len(members) + 2) - len(starts))  # see advance
         offsets = [(tensors[i][k].data_ptr() - first[k].data_ptr()) // first[k].element_size()
                    for k in range(len(first)) for i in [*members, members[0]]]
         at = len(host)

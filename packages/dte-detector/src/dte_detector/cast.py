@@ -27,6 +27,10 @@ from . import dispatch
 from .changes import ChangeSet, index_dtype, int_bits
 
 
+_MAP_ALIGN = 16
+"""Bytes: where the fused kernels' dirty maps start."""
+
+
 def _pack(mask: torch.Tensor) -> torch.Tensor:
     """A flat bool tensor as bits, LSB first (uint8 arithmetic: 1 byte of scratch per bit)."""
     padded = torch.zeros(-(-mask.numel() // 8) * 8, dtype=torch.uint8, device=mask.device)
@@ -79,8 +83,9 @@ class CastDetector:
         for names in fused.values():
             from .cast_kernel import record_batch
 
+            self._new_dirty_maps({n: pairs[n][1] for n in names if n not in self._dirty})
             members = [(pairs[n][0].detach().reshape(-1), pairs[n][1].detach().view(-1),
-                        self._dirty_map(n, pairs[n][1])) for n in names]
+                        self._dirty[n]) for n in names]
             for name, (fresh, old) in zip(names, record_batch(members, copy=copy)):
                 if fresh.numel():
                     self._first_seen.setdefault(name, []).append((fresh, old))
@@ -91,12 +96,19 @@ class CastDetector:
                 and master.numel() == model.numel() and master.device == model.device
                 and dispatch.kernels_for(master, model, payload=model.dtype))
 
-    def _dirty_map(self, name: str, model: torch.Tensor) -> torch.Tensor:
-        dirty = self._dirty.get(name)
-        if dirty is None:
-            dirty = torch.zeros(-(-model.numel() // 8), dtype=torch.uint8, device=model.device)
-            self._dirty[name] = dirty
-        return dirty
+    def _new_dirty_maps(self, models: Mapping[str, torch.Tensor]) -> None:
+        """Zeroed dirty maps for ``models`` (of one device), views of one allocation, each
+        starting on a 16-byte boundary (the kernels load aligned groups as vectors)."""
+        sizes = {name: -(-model.numel() // 8) for name, model in models.items()}
+        padded = {name: -(-size // _MAP_ALIGN) * _MAP_ALIGN for name, size in sizes.items()}
+        if not sizes:
+            return
+        device = next(iter(models.values())).device
+        flat = torch.zeros(sum(padded.values()), dtype=torch.uint8, device=device)
+        start = 0
+        for name, size in sizes.items():
+            self._dirty[name] = flat[start:start + size]
+            start += padded[name]
 
     def _record(self, name: str, master: torch.Tensor, model: torch.Tensor) -> None:
         flat = model.detach().reshape(-1)

@@ -28,8 +28,8 @@ import triton
 import triton.language as tl
 
 from . import batch
-from .staging import (gather, locate, member_offset, place, programs, read_limit, stage,
-                      tile_offsets)
+from .staging import (advance, gather, locate, member_offset, place, programs, read_limit,
+                      stage, tile_offsets)
 
 ROWS = 128
 """Rows of 8 elements per tile; one byte of dirty bits per row."""
@@ -45,11 +45,10 @@ _FP32_ALIGN, _HALF_ALIGN = batch.VECTOR_BYTES // 4, batch.VECTOR_BYTES // 2
 
 
 @triton.jit
-def _load(master_ptr, model_ptr, offsets_ptr, width, numels_ptr, starts_ptr, tile,
-          ROWS: tl.constexpr, STEPS: tl.constexpr, FP32_ALIGN: tl.constexpr,
-          HALF_ALIGN: tl.constexpr):
-    """A tile's master and old model bits, its member, size and member-local offsets."""
-    member = locate(starts_ptr, tile, STEPS)
+def _load(master_ptr, model_ptr, offsets_ptr, width, numels_ptr, starts_ptr, member, tile,
+          ROWS: tl.constexpr, FP32_ALIGN: tl.constexpr, HALF_ALIGN: tl.constexpr):
+    """A tile's master and old model bits, its offset in its member, the member's size and
+    the member-local element offsets."""
     own = tile - tl.load(starts_ptr + member)
     offsets, _, _ = tile_offsets(own, ROWS)
     numel = tl.load(numels_ptr + member)
@@ -58,7 +57,7 @@ def _load(master_ptr, model_ptr, offsets_ptr, width, numels_ptr, starts_ptr, til
                      eviction_policy="evict_first")
     old = tl.load(model_ptr + (member_offset(offsets_ptr, width + member, HALF_ALIGN) + offsets),
                   mask=offsets < read_limit(numel, HALF_ALIGN), other=0)
-    return master, old, member, own, numel, offsets
+    return master, old, own, numel, offsets
 
 
 @triton.jit
@@ -105,17 +104,18 @@ def _tile(master_ptr, model_ptr, dirty_ptr, offsets_ptr, width, counts_ptr, slab
 def _record(master_ptr, model_ptr, dirty_ptr, offsets_ptr, width, numels_ptr, starts_ptr,
             counts_ptr, slab_ptr, index_ptr, old_ptr, tiles, total, PAYLOAD: tl.constexpr,
             NAN_ABOVE: tl.constexpr, COPY: tl.constexpr, ROWS: tl.constexpr,
-            SLAB: tl.constexpr, STEPS: tl.constexpr, FP32_ALIGN: tl.constexpr,
-            HALF_ALIGN: tl.constexpr):
+            SLAB: tl.constexpr, FP32_ALIGN: tl.constexpr, HALF_ALIGN: tl.constexpr):
     """The first pass: programs walk the tiles, reading the next tile first."""
     first, step = tl.program_id(0), tl.num_programs(0)
-    master, old, member, own, numel, offsets = _load(
-        master_ptr, model_ptr, offsets_ptr, width, numels_ptr, starts_ptr, first, ROWS, STEPS,
-        FP32_ALIGN, HALF_ALIGN)
+    member = advance(starts_ptr, first.to(tl.int64) * 0, first)
+    master, old, own, numel, offsets = _load(master_ptr, model_ptr, offsets_ptr, width,
+                                             numels_ptr, starts_ptr, member, first, ROWS,
+                                             FP32_ALIGN, HALF_ALIGN)
     for tile in range(first, tiles, step):
-        master_next, old_next, member_next, own_next, numel_next, offsets_next = _load(
-            master_ptr, model_ptr, offsets_ptr, width, numels_ptr, starts_ptr, tile + step,
-            ROWS, STEPS, FP32_ALIGN, HALF_ALIGN)
+        member_next = advance(starts_ptr, member, tile + step)
+        master_next, old_next, own_next, numel_next, offsets_next = _load(
+            master_ptr, model_ptr, offsets_ptr, width, numels_ptr, starts_ptr, member_next,
+            tile + step, ROWS, FP32_ALIGN, HALF_ALIGN)
         _tile(master_ptr, model_ptr, dirty_ptr, offsets_ptr, width, counts_ptr, slab_ptr,
               index_ptr, old_ptr, total, tile, master, old, member, own, numel, offsets,
               PAYLOAD, NAN_ABOVE, COPY, ROWS, SLAB, False, HALF_ALIGN)
@@ -133,9 +133,10 @@ def _record_dense(master_ptr, model_ptr, dirty_ptr, offsets_ptr, width, numels_p
     their pairs written straight into the outputs from the tile's first slot."""
     tile = tl.program_id(0)
     if tl.load(counts_ptr + tile) > SLAB:
-        master, old, member, own, numel, offsets = _load(
-            master_ptr, model_ptr, offsets_ptr, width, numels_ptr, starts_ptr, tile, ROWS,
-            STEPS, FP32_ALIGN, HALF_ALIGN)
+        member = locate(starts_ptr, tile, STEPS)
+        master, old, own, numel, offsets = _load(master_ptr, model_ptr, offsets_ptr, width,
+                                                 numels_ptr, starts_ptr, member, tile, ROWS,
+                                                 FP32_ALIGN, HALF_ALIGN)
         _tile(master_ptr, model_ptr, dirty_ptr, offsets_ptr, width, counts_ptr, firsts_ptr,
               index_ptr, old_ptr, total, tile, master, old, member, own, numel, offsets,
               PAYLOAD, NAN_ABOVE, COPY, ROWS, ROWS * 8, True, HALF_ALIGN)
@@ -166,7 +167,7 @@ def record_batch(members: Sequence[tuple[torch.Tensor, torch.Tensor, torch.Tenso
         counts = torch.empty(group.tiles, dtype=torch.int32, device=device)
         slab = torch.empty(group.tiles * capacity, dtype=torch.int32, device=device)
         config = {"PAYLOAD": _PAYLOAD[dtype], "NAN_ABOVE": _NAN_ABOVE[dtype], "COPY": copy,
-                  "ROWS": ROWS, "SLAB": capacity, "STEPS": group.steps, "num_warps": WARPS,
+                  "ROWS": ROWS, "SLAB": capacity, "num_warps": WARPS,
                   "FP32_ALIGN": _FP32_ALIGN if group.aligned else 1,
                   "HALF_ALIGN": _HALF_ALIGN if group.aligned else 1}
         tables = (*group.base, group.offsets, group.offsets.shape[1], group.numels,
@@ -187,7 +188,7 @@ def record_batch(members: Sequence[tuple[torch.Tensor, torch.Tensor, torch.Tenso
                               numel=group.numel, values=1, rows=ROWS, capacity=capacity)
         if dense:
             _record_dense[(group.tiles,)](*tables, firsts, indices, old, group.tiles, total,
-                                          **config)
+                                          STEPS=group.steps, **config)
         old = old[0].view(group.key)
         begin = 0
         for at, end in zip(group.members, member_ends):

@@ -31,6 +31,7 @@ when one of its elements fails that test (a conservative one, without a division
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 
@@ -41,8 +42,8 @@ import triton.language as tl
 from . import batch
 from .changes import ChangeSet
 from .inversion import _HALF_ETA, AdamWStep, _corrections, decay_factor, guard_scalars
-from .staging import (gather, locate, member_offset, place, programs, read_limit, stage,
-                      tile_offsets)
+from .staging import (advance, gather, locate, member_offset, place, programs, read_limit,
+                      stage, tile_offsets)
 
 ROWS = 128
 """Rows of 8 elements per tile (``staging.py``)."""
@@ -80,6 +81,13 @@ def _scalars(h: AdamWStep, guard_ulps: float) -> tuple[float, ...]:
     return (reciprocal(math.sqrt(bc2)), fp32(h.eps), fp32(h.lr / bc1), reciprocal(c),
             fp32(guard.relative), fp32(guard.bias), fp32(guard.floor), fp32(guard.underflow),
             fp32(_HALF_ETA))
+
+
+@functools.lru_cache(maxsize=64)
+def _config(h: AdamWStep, guard_ulps: float) -> tuple[tuple[float, ...], bool]:
+    """The kernel's scalars and ``DECAY_IS_ONE`` for a step (kept: every tensor of a sync
+    shares a few steps, and each costs a few host tensor operations)."""
+    return _scalars(h, guard_ulps), decay_factor(h) == 1.0
 
 
 @triton.jit
@@ -135,10 +143,9 @@ def _verdict(p, m, v, inv_sqrt_bc2, eps, step_size, inv_decay, relative, bias, f
 
 
 @triton.jit
-def _load(p_ptr, m_ptr, v_ptr, offsets_ptr, width, numels_ptr, starts_ptr, tile,
-          ROWS: tl.constexpr, STEPS: tl.constexpr, ALIGN: tl.constexpr):
+def _load(p_ptr, m_ptr, v_ptr, offsets_ptr, width, numels_ptr, starts_ptr, member, tile,
+          ROWS: tl.constexpr, ALIGN: tl.constexpr):
     """A tile's ``p``, ``m``, ``v``, its member's size and the member-local offsets."""
-    member = locate(starts_ptr, tile, STEPS)
     offsets, _, _ = tile_offsets(tile - tl.load(starts_ptr + member), ROWS)
     numel = tl.load(numels_ptr + member)
     inside = offsets < read_limit(numel, ALIGN)
@@ -155,17 +162,19 @@ def _load(p_ptr, m_ptr, v_ptr, offsets_ptr, width, numels_ptr, starts_ptr, tile,
 def _mark(p_ptr, m_ptr, v_ptr, offsets_ptr, width, numels_ptr, starts_ptr, counts_ptr,
           slab_ptr, tiles, inv_sqrt_bc2, eps, step_size, inv_decay, relative, bias, floor,
           underflow, half_eta, DECAY_IS_ONE: tl.constexpr, PAYLOAD: tl.constexpr,
-          ROWS: tl.constexpr, SLAB: tl.constexpr, STEPS: tl.constexpr, ALIGN: tl.constexpr):
+          ROWS: tl.constexpr, SLAB: tl.constexpr, ALIGN: tl.constexpr):
     """Per tile: the count of changed elements and, if at most SLAB, their tile offsets
     and bounds staged in the tile's slab. Reads the next tile first."""
     first, step = tl.program_id(0), tl.num_programs(0)
+    member = advance(starts_ptr, first.to(tl.int64) * 0, first)
     p, m, v, numel, offsets = _load(p_ptr, m_ptr, v_ptr, offsets_ptr, width, numels_ptr,
-                                    starts_ptr, first, ROWS, STEPS, ALIGN)
+                                    starts_ptr, member, first, ROWS, ALIGN)
     _, _, local = tile_offsets(0, ROWS)
     for tile in range(first, tiles, step):
+        member = advance(starts_ptr, member, tile + step)
         p_next, m_next, v_next, numel_next, offsets_next = _load(
-            p_ptr, m_ptr, v_ptr, offsets_ptr, width, numels_ptr, starts_ptr, tile + step,
-            ROWS, STEPS, ALIGN)
+            p_ptr, m_ptr, v_ptr, offsets_ptr, width, numels_ptr, starts_ptr, member,
+            tile + step, ROWS, ALIGN)
         changed, low, high = _verdict(p, m, v, inv_sqrt_bc2, eps, step_size, inv_decay,
                                       relative, bias, floor, underflow, half_eta,
                                       DECAY_IS_ONE, PAYLOAD)
@@ -187,7 +196,8 @@ def _dense(p_ptr, m_ptr, v_ptr, offsets_ptr, width, numels_ptr, starts_ptr, coun
     tile = tl.program_id(0)
     if tl.load(counts_ptr + tile) > SLAB:
         p, m, v, numel, offsets = _load(p_ptr, m_ptr, v_ptr, offsets_ptr, width, numels_ptr,
-                                        starts_ptr, tile, ROWS, STEPS, ALIGN)
+                                        starts_ptr, locate(starts_ptr, tile, STEPS), tile, ROWS,
+                                        ALIGN)
         changed, low, high = _verdict(p, m, v, inv_sqrt_bc2, eps, step_size, inv_decay,
                                       relative, bias, floor, underflow, half_eta,
                                       DECAY_IS_ONE, PAYLOAD)
@@ -210,7 +220,7 @@ def invert_batch(flats: Sequence[tuple[torch.Tensor, torch.Tensor, torch.Tensor]
     """
     assert ROWS * 8 <= 1 << 15, "tile offsets are staged as int16"
     flats = [tuple(t.contiguous() for t in f) for f in flats]
-    keys = [(_scalars(h, guard_ulps), decay_factor(h) == 1.0, d) for h, d in zip(hypers, dtypes)]
+    keys = [(*_config(h, guard_ulps), d) for h, d in zip(hypers, dtypes)]
     found: list[ChangeSet | None] = [None] * len(flats)
     slab = ROWS * 8 // SLAB_FRACTION
     device = flats[0][0].device
@@ -220,8 +230,7 @@ def invert_batch(flats: Sequence[tuple[torch.Tensor, torch.Tensor, torch.Tensor]
         counts = torch.empty(group.tiles, dtype=torch.int32, device=device)
         staged = torch.empty(group.tiles * slab, dtype=torch.int64, device=device)
         config = {"DECAY_IS_ONE": decay_is_one, "PAYLOAD": _PAYLOAD[dtype], "ROWS": ROWS,
-                  "SLAB": slab, "STEPS": group.steps,
-                  "ALIGN": _FP32_ALIGN if group.aligned else 1, **_FIXED}
+                  "SLAB": slab, "ALIGN": _FP32_ALIGN if group.aligned else 1, **_FIXED}
         tables = (*group.base, group.offsets, group.offsets.shape[1], group.numels,
                   group.starts, counts)
         _mark[(programs(group.tiles, device, waves=WAVES),)](
@@ -241,7 +250,7 @@ def invert_batch(flats: Sequence[tuple[torch.Tensor, torch.Tensor, torch.Tensor]
                                  capacity=slab)
         if dense:
             _dense[(group.tiles,)](*tables, firsts, indices, bounds, total, *group.key[0],
-                                   num_warps=WARPS, **config)
+                                   STEPS=group.steps, num_warps=WARPS, **config)
         dtype = group.key[2]
         low, high = bounds[0].view(dtype), bounds[1].view(dtype)
         begin = 0
