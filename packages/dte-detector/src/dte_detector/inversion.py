@@ -167,22 +167,20 @@ def invert_adamw_all(inversions: Sequence[Inversion], *, guard_ulps: float = GUA
         if one.hyper.step not in (one.previous_step, one.previous_step + 1):
             raise StepGapError(one.name, previous=one.previous_step, current=one.hyper.step)
     found: list[ChangeSet | None] = [None] * len(inversions)
-    fused: dict[torch.device, list[int]] = {}
+    fused: dict[torch.device, dict[int, tuple[torch.Tensor, ...]]] = {}
     for at, one in enumerate(inversions):
-        flat = [t.detach().reshape(-1) for t in (one.master, one.exp_avg, one.exp_avg_sq)]
+        flat = tuple(t.detach().reshape(-1) for t in (one.master, one.exp_avg, one.exp_avg_sq))
         if one.hyper.step == one.previous_step or not one.master.numel():
             found[at] = ChangeSet.empty(one.master, dtype=one.dtype)
         elif dispatch.kernels_for(*flat, payload=one.dtype):
-            fused.setdefault(one.master.device, []).append(at)
+            fused.setdefault(one.master.device, {})[at] = flat
         else:
             found[at] = _invert_reference(*flat, one.hyper, one.dtype, guard_ulps)
     for members in fused.values():
         from .inversion_kernel import invert_batch
         chosen = [inversions[at] for at in members]
-        results = invert_batch(
-            [tuple(t.detach().reshape(-1) for t in (c.master, c.exp_avg, c.exp_avg_sq))
-             for c in chosen], [c.hyper for c in chosen], [c.dtype for c in chosen],
-            guard_ulps=guard_ulps)
+        results = invert_batch(list(members.values()), [c.hyper for c in chosen],
+                               [c.dtype for c in chosen], guard_ulps=guard_ulps)
         for at, result in zip(members, results):
             found[at] = result
     return found
