@@ -6,12 +6,14 @@ mixed-precision optimizer) at instance level, copying no Megatron code:
 
 - ``Method.CAST`` replaces ``_copy_main_params_to_model_params`` with the same copies
   of every fp32 main shard into its bf16 model param range, each fused with the compare
-  of the cast against the current bf16 values (``CastDetector.record_and_copy``: one
-  Triton pass on CUDA); dirty bits accumulate over any number of steps until ``commit``;
+  of the cast against the current bf16 values (``CastDetector.record_and_copy_all``: one
+  batched Triton pass over every shard on CUDA); dirty bits accumulate over any number of
+  steps until ``commit``;
 - ``Method.ADAMW`` registers step hooks on the inner torch optimizer (public
   ``register_step_pre_hook``/``register_step_post_hook``): each main shard's state is
   recorded when its step count moved, with the lr, betas and weight decay of that step;
-  ``collect`` inverts one step per shard with ``dte_detector.invert_adamw``.
+  ``collect`` inverts one step per shard, all shards together
+  (``dte_detector.invert_adamw_all``).
 
 Both give, per model param of this rank (a Megatron TP/PP/EP shard), flat indices into
 the param. The contract is the torch actor's: what a detector cannot vouch for sets
