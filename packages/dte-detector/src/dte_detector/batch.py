@@ -107,7 +107,9 @@ def _tables(runs, tensors, tile_elements: int) -> list[Group]:
         layout.append((key, aligned, dtype, members, starts[len(members)], steps, at,
                        len(starts), len(members) + 1, len(first)))
     device = tensors[runs[0][1][0]][0].device
-    table = torch.tensor(host, dtype=torch.int64).pin_memory().to(device, non_blocking=True)
+    table = torch.tensor(host, dtype=torch.int64)
+    if device.type == "cuda":  # pinned, so that the copy does not wait for the device
+        table = table.pin_memory().to(device, non_blocking=True)
     groups = []
     for key, aligned, dtype, members, tiles, steps, at, n_starts, width, kinds in layout:
         starts = table[at:at + n_starts]

@@ -61,7 +61,7 @@ def _load(master_ptr, model_ptr, offsets_ptr, width, numels_ptr, starts_ptr, mem
 
 
 @triton.jit
-def _tile(master_ptr, model_ptr, dirty_ptr, offsets_ptr, width, counts_ptr, slab_ptr,
+def _tile(model_ptr, dirty_ptr, offsets_ptr, width, counts_ptr, slab_ptr,
           index_ptr, old_ptr, total, tile, master, old, member, own, numel, offsets,
           PAYLOAD: tl.constexpr, NAN_ABOVE: tl.constexpr, COPY: tl.constexpr,
           ROWS: tl.constexpr, KEEP: tl.constexpr, DENSE: tl.constexpr,
@@ -116,7 +116,7 @@ def _record(master_ptr, model_ptr, dirty_ptr, offsets_ptr, width, numels_ptr, st
         master_next, old_next, own_next, numel_next, offsets_next = _load(
             master_ptr, model_ptr, offsets_ptr, width, numels_ptr, starts_ptr, member_next,
             tile + step, ROWS, FP32_ALIGN, HALF_ALIGN)
-        _tile(master_ptr, model_ptr, dirty_ptr, offsets_ptr, width, counts_ptr, slab_ptr,
+        _tile(model_ptr, dirty_ptr, offsets_ptr, width, counts_ptr, slab_ptr,
               index_ptr, old_ptr, total, tile, master, old, member, own, numel, offsets,
               PAYLOAD, NAN_ABOVE, COPY, ROWS, SLAB, False, HALF_ALIGN)
         master, old, member, own, numel = master_next, old_next, member_next, own_next, numel_next
@@ -137,7 +137,7 @@ def _record_dense(master_ptr, model_ptr, dirty_ptr, offsets_ptr, width, numels_p
         master, old, own, numel, offsets = _load(master_ptr, model_ptr, offsets_ptr, width,
                                                  numels_ptr, starts_ptr, member, tile, ROWS,
                                                  FP32_ALIGN, HALF_ALIGN)
-        _tile(master_ptr, model_ptr, dirty_ptr, offsets_ptr, width, counts_ptr, firsts_ptr,
+        _tile(model_ptr, dirty_ptr, offsets_ptr, width, counts_ptr, firsts_ptr,
               index_ptr, old_ptr, total, tile, master, old, member, own, numel, offsets,
               PAYLOAD, NAN_ABOVE, COPY, ROWS, ROWS * 8, True, HALF_ALIGN)
 
