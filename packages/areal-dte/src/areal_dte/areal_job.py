@@ -13,7 +13,7 @@ before any worker starts:
 - the import path of the actor's engine class (`actor_engine`): areal-dte's Megatron
   actor with the delta path on, AReaL's own with it off.
 
-With the delta path on, `cluster_rules` rejects what cluster mode cannot run yet.
+With the delta path on, `cluster_rules` rejects what cluster mode cannot run.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from dte_config.load import LoadedConfig
 from omegaconf import DictConfig, OmegaConf
 
 from .areal_import import areal_module
-from .cluster_rules import XCCL, check_areal
+from .cluster_rules import check_areal
 from .errors import ClusterModeError
 
 __all__ = [
@@ -111,7 +111,8 @@ class ClusterPlan:
         """A few lines for a dry run: scheduler, allocations, engine, weight sync."""
         delta, actor = self.delta, self.config.actor
         sync = (f"delta ({delta.weight_update_delta_method.value}), full anchor every "
-                f"{delta.weight_update_anchor_interval} deltas, over {XCCL}"
+                f"{delta.weight_update_anchor_interval} deltas, over awex (controller "
+                f"{actor._version})"
                 if delta.enable_delta_weight_update
                 else f"AReaL's full-weight path ({actor.weight_update_mode}, controller "
                      f"{actor._version})")

@@ -27,8 +27,9 @@ from dte_transport import Sender
 
 from .areal_import import areal_module
 from .bucket_sync import BucketSync
-from .cluster_rules import XCCL, check_delta
+from .cluster_rules import check_delta
 from .errors import DeltaSyncError
+from .full_sync_request import FullSyncRequests
 from .xccl_link import XcclLink
 
 __all__ = ["DeltaMegatronPPOActor"]
@@ -36,9 +37,11 @@ __all__ = ["DeltaMegatronPPOActor"]
 log = logging.getLogger(__name__)
 
 _engine = areal_module("areal.engine.megatron_engine")
+XCCL = "xccl"
+"""AReaL's weight-update type whose group the delta payloads ride."""
 
 
-class DeltaMegatronPPOActor(_engine.MegatronPPOActor):
+class DeltaMegatronPPOActor(FullSyncRequests, _engine.MegatronPPOActor):
     """``MegatronPPOActor`` whose ``update_weights`` sends deltas (see the module docstring).
 
     Raises:
