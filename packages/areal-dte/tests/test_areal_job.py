@@ -12,7 +12,7 @@ import logging
 import areal_example as example
 import pytest
 from areal_dte.areal_job import AREAL_ACTOR, DELTA_ACTOR, experiment_config, plan_cluster
-from areal_dte.errors import AReaLImportError, ClusterModeError
+from areal_dte.errors import AReaLCompatError, AReaLImportError, ClusterModeError
 from dte_config import ConfigValidationError, DeltaMethod, read_env
 from dte_config.env import env_variables
 
@@ -162,6 +162,20 @@ def test_seed_config_as_shipped_is_planned_with_adamw(load, caplog):
     assert (DeltaMethod.ADAMW, "v2", "v2", DELTA_ACTOR, []) == (
         plan.delta.weight_update_delta_method, plan.config.actor._version,
         plan.config.rollout._version, plan.actor_engine, caplog.messages)
+
+
+def test_other_areal_release_is_refused_before_any_worker(areal, load, monkeypatch):
+    """With the delta path on, the plan checks the AReaL names the v2 controller wraps
+    against the pinned release; with it off, AReaL's own path needs no such check."""
+    import areal as areal_package
+
+    monkeypatch.setattr(areal_package, "__version__", "1.0.5")
+    with pytest.raises(AReaLCompatError) as caught:
+        plan_cluster(*_parts(load()))
+    plan = plan_cluster(*_parts(load(*OFF)))
+    assert ("areal.__version__", "1.0.4", "1.0.5", AREAL_ACTOR, []) == (
+        caught.value.name, caught.value.expected, caught.value.installed, plan.actor_engine,
+        example.started_processes())
 
 
 ACCEPTED = [

@@ -134,9 +134,13 @@ def plan_cluster(tree: DictConfig, run: RunConfig) -> ClusterPlan:
         AReaLImportError: AReaL is not installed.
         ClusterModeError: a setting cluster mode cannot run (`cluster_rules`), or an
             unknown ``scheduler.type``.
+        AReaLCompatError: with the delta path on, an AReaL other than the pinned release
+            (`controller_v2.check_controller`).
     """
     config = experiment_config(tree, run)
     check_areal(config, run.delta)
+    if run.delta.enable_delta_weight_update:  # the controller's AReaL names, before any worker
+        areal_module("areal_dte.controller_v2").check_controller()
     allocation = areal_module("areal.api.alloc_mode").ModelAllocation
     return ClusterPlan(
         config=config,

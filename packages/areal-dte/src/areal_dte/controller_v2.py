@@ -29,6 +29,7 @@ from typing import Any
 from .areal_import import areal_module
 from .areal_names import check_uses
 from .errors import WeightUpdateRefusedError
+from .weight_gateway import GATEWAY_APP, check_gateway
 
 __all__ = ["DeltaActorControllerV2", "DeltaWeightUpdateController", "check_controller"]
 
@@ -47,7 +48,7 @@ FULL_SYNC_ROUTE = "/configure"
 
 
 def check_controller() -> None:
-    """Check the AReaL 1.0.4 names the two controllers below rely on.
+    """Check the AReaL 1.0.4 names the two controllers below and `weight_gateway` rely on.
 
     Raises:
         AReaLCompatError: another AReaL release, or code that no longer uses them.
@@ -61,6 +62,7 @@ def check_controller() -> None:
                getattr(call, "__code__", None), ["post"])
     check_uses("WeightUpdateController.initialize", update_ctrl.initialize.__code__,
                ["_gateway_proc", "_gateway_url", "_session", "_wait_for_health"])
+    check_gateway(areal_module(GATEWAY_APP))
 
 
 class DeltaWeightUpdateController(_update_ctrl.WeightUpdateController):

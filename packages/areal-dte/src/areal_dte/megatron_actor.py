@@ -13,6 +13,10 @@ pipeline head). The one step replaced is the bucket's broadcast,
 walk hand a bucket over: the bucket goes to a `BucketSync` instead. After the walk the
 pipeline head sends the version through an `XcclLink`, the rollout's generation paused
 around it, and every rank meets at a barrier as at the end of AReaL's own update.
+
+Its ``configure`` (`FullSyncRequests`, AReaL's train-worker ``/configure`` route) records
+`controller_v2.DeltaActorControllerV2`'s request to send a refused version in full; the v2
+weight-update adapter takes it (``take_full_sync_request``) when it sends that version.
 """
 
 from __future__ import annotations
