@@ -29,7 +29,7 @@ from pathlib import Path
 
 import pytest
 from areal_dte.errors import AReaLCompatError, WeightUpdateRefusedError
-from areal_dte.full_sync_request import FullSyncRequest, FullSyncRequests
+from areal_dte.full_sync_request import FullSyncRequests
 
 pytestmark = pytest.mark.areal
 
@@ -43,8 +43,8 @@ ROLES = ("train", "rollout", "proxy", "guard")
 class Workers:
     """The stand-in servers (see the module docstring), each request recorded in order."""
 
-    def __init__(self, refusals: int):
-        self.refusals = refusals
+    def __init__(self):
+        self.refusals = 0
         self.calls: list[tuple[str, str, object]] = []
         self.engine = FullSyncRequests()
         self.urls: dict[str, str] = {}
@@ -124,22 +124,19 @@ def trainer_log(areal, tmp_path):
     return lambda: Path(path)
 
 
-@pytest.fixture
-def connect(areal, tmp_path) -> Iterator:
-    """A function: refusals -> (the actor controller connected over the stand-ins, them)."""
+@pytest.fixture(scope="module")
+def connected(areal, tmp_path_factory) -> Iterator:
+    """The actor controller connected over the stand-ins (one gateway for the module)."""
     from areal.api.cli_args import InferenceEngineConfig, PPOActorConfig
     from areal.api.io_struct import WeightUpdateMeta
     from areal.experimental.inference_service.controller.controller import RolloutControllerV2
     from areal_dte.controller_v2 import DeltaActorControllerV2
 
-    opened = []
-
-    def connect_with(refusals: int):
-        workers = Workers(refusals).__enter__()
+    with Workers() as workers:
         actor = DeltaActorControllerV2(
             train_engine="areal_dte.megatron_actor.DeltaMegatronPPOActor",
             config=PPOActorConfig(backend="megatron:d1p1t1", experiment_name="e",
-                                  trial_name="t", path=str(tmp_path)),
+                                  trial_name="t", path=str(tmp_path_factory.mktemp("model"))),
             scheduler=None)
         rollout = RolloutControllerV2(
             InferenceEngineConfig(admin_api_key="test-key", model="m", api_url="http://unused"),
@@ -149,15 +146,26 @@ def connect(areal, tmp_path) -> Iterator:
             "actor", [workers.urls["train"]], [workers.urls["guard"]])
         rollout._inf_addrs, rollout._data_proxy_addrs = ([workers.urls["rollout"]],
                                                          [workers.urls["proxy"]])
-        opened.append((actor, workers))
         actor.connect_engine(rollout, WeightUpdateMeta.from_awex())
+        try:
+            yield actor, workers
+        finally:
+            actor._weight_update_ctrl.destroy()
+
+
+@pytest.fixture
+def connect(connected):
+    """A function: refusals -> (the connected controller, the stand-ins refusing the next
+    ``refusals`` updates, their record cleared)."""
+
+    def refusing(refusals: int):
+        actor, workers = connected
+        workers.refusals = refusals
+        workers.calls.clear()
+        workers.engine.take_full_sync_request(-1)  # drops any earlier test's request
         return actor, workers
 
-    yield connect_with
-    for actor, workers in opened:
-        if actor._weight_update_ctrl is not None:
-            actor._weight_update_ctrl.destroy()
-        workers.__exit__()
+    return refusing
 
 
 def test_refused_version_is_logged_and_sent_again_in_full(connect, trainer_log):
@@ -240,13 +248,3 @@ def test_gateway_that_posts_otherwise_is_refused(areal):
     assert ("areal.experimental.weight_update.gateway.app.create_app._awex_transfer_weights",
             "code that uses _post", None) == (caught.value.name, caught.value.expected,
                                                gateway._post)
-
-
-def test_full_sync_request_is_taken_once_for_its_version():
-    """configure() records the request; it is taken once, and only for its version."""
-    engine = FullSyncRequests()
-    engine.configure(full_sync_version=6, reason="refused")
-    other = engine.take_full_sync_request(7)
-    engine.configure(full_sync_version=6, reason="refused")
-    assert (None, FullSyncRequest(version=6, reason="refused"), None) == (
-        other, engine.take_full_sync_request(6), engine.take_full_sync_request(6))

@@ -22,6 +22,7 @@ on. The AReaL names it relies on are checked when it is built (`check_controller
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import subprocess
 import sys
 from typing import Any
@@ -43,6 +44,9 @@ OK = "ok"
 """The gateway's status of a delivered update."""
 GATEWAY = "areal_dte.weight_gateway"
 """The module the weight-update gateway runs from (AReaL's gateway, refusal text kept)."""
+GATEWAY_START_S = 300.0
+"""How long the gateway may take to answer: it imports AReaL (torch with it), which took
+46 s on a loaded 2-core machine here, above the 30 s AReaL's controller waits by default."""
 FULL_SYNC_ROUTE = "/configure"
 """AReaL's train-worker route that calls the engine's ``configure``."""
 
@@ -70,8 +74,10 @@ class DeltaWeightUpdateController(_update_ctrl.WeightUpdateController):
     `WeightUpdateRefusedError` for a failed update instead of returning it."""
 
     def initialize(self) -> None:
-        """Start the gateway from `GATEWAY` (AReaL's own start, another module)."""
-        cfg = self.config
+        """Start the gateway from `GATEWAY` (AReaL's own start, another module), waiting
+        at least `GATEWAY_START_S` for it to answer."""
+        cfg = self.config = dataclasses.replace(
+            self.config, setup_timeout=max(self.config.setup_timeout, GATEWAY_START_S))
         port = cfg.port or areal_module("areal.utils.network").find_free_ports(1)[0]
         command = [sys.executable, "-m", GATEWAY, "--host", cfg.host, "--port", str(port),
                    "--admin-api-key", cfg.admin_api_key, "--init-timeout", str(cfg.init_timeout_s),
