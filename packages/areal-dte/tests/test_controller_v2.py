@@ -37,6 +37,11 @@ REFUSAL = "payload rejected (base_mismatch): delta onto v6, holding v5; holding 
 """What the stand-in rollout answers with its 400: a receiver's refusal, as areal-dte
 words it."""
 UPDATE = "/awex/update_weights"
+ANSWERS = {"400-text": (400, REFUSAL, "text/plain"),
+           "500-areal-json": (500, '{"error": "RPC awex_execute_weight_update failed: '
+                                   + REFUSAL + '"}', "application/json")}
+"""How a rollout refuses: the stand-in's 400 and a text; and the answer shape of AReaL's own
+SGLang route, whose 500 carries the scheduler's exception text in JSON."""
 ROLES = ("train", "rollout", "proxy", "guard")
 
 
@@ -44,7 +49,7 @@ class Workers:
     """The stand-in servers (see the module docstring), each request recorded in order."""
 
     def __init__(self):
-        self.refusals = 0
+        self.refusals, self.answer = 0, ANSWERS["400-text"]
         self.calls: list[tuple[str, str, object]] = []
         self.engine = FullSyncRequests()
         self.urls: dict[str, str] = {}
@@ -96,7 +101,8 @@ class Workers:
             return web.json_response({"status": "success", "result": serialize_value(None)})
         if role == "rollout" and path == UPDATE and self.refusals:
             self.refusals -= 1
-            return web.Response(status=400, text=REFUSAL)
+            status, text, content_type = self.answer
+            return web.Response(status=status, text=text, content_type=content_type)
         return web.json_response({"status": "ok"})
 
     def seen(self, *paths: str) -> list[tuple[str, str, object]]:
@@ -155,12 +161,12 @@ def connected(areal, tmp_path_factory) -> Iterator:
 
 @pytest.fixture
 def connect(connected):
-    """A function: refusals -> (the connected controller, the stand-ins refusing the next
-    ``refusals`` updates, their record cleared)."""
+    """A function: refusals, answer -> (the connected controller, the stand-ins refusing the
+    next ``refusals`` updates with ``ANSWERS[answer]``, their record cleared)."""
 
-    def refusing(refusals: int):
+    def refusing(refusals: int, answer: str = "400-text"):
         actor, workers = connected
-        workers.refusals = refusals
+        workers.refusals, workers.answer = refusals, ANSWERS[answer]
         workers.calls.clear()
         workers.engine.take_full_sync_request(-1)  # drops any earlier test's request
         return actor, workers
@@ -168,22 +174,26 @@ def connect(connected):
     return refusing
 
 
-def test_refused_version_is_logged_and_sent_again_in_full(connect, trainer_log):
-    """The rollout's 400 text reaches the trainer's log through AReaL's gateway; every
+@pytest.mark.parametrize("answer", ANSWERS)
+def test_refused_version_is_logged_and_sent_again_in_full(connect, trainer_log, answer):
+    """The rollout's refusal text (a 400 with a text; AReaL's own route's 500 with JSON)
+    reaches the trainer's log through AReaL's gateway; every
     train worker is asked to send that version in full (with the text) before the version
     is asked for once more; the gateway asked each worker once per attempt (no retries of
     a weight update); generation was paused once and resumed once."""
     from areal.api.io_struct import WeightUpdateMeta
 
-    actor, workers = connect(refusals=1)
+    actor, workers = connect(refusals=1, answer=answer)
+    earlier = len(trainer_log().read_text().splitlines())
     actor.update_weights(WeightUpdateMeta.from_awex().with_version(6))
     order = [(role, path) for role, path, _ in workers.seen(UPDATE, "/configure")]
     assert [("rollout", UPDATE), ("train", UPDATE), ("train", "/configure"),
             ("rollout", UPDATE), ("train", UPDATE)] == (
         sorted(order[:2]) + order[2:3] + sorted(order[3:]))
     assert [{"version": 6}] * 4 == [body for _, _, body in workers.seen(UPDATE)]
-    logged = [line for line in trainer_log().read_text().splitlines() if REFUSAL in line]
-    assert [True] == [any("sending v6 again, in full" in line for line in logged)]
+    logged = [line for line in trainer_log().read_text().splitlines()[earlier:]
+              if REFUSAL in line and "sending v6 again, in full" in line]
+    assert 1 == len(logged)
     request = workers.engine.take_full_sync_request(6)
     assert (6, True) == (request.version, REFUSAL in request.reason)
     assert ["/pause_generation", "/continue_generation"] == [
