@@ -24,9 +24,10 @@ from .areal_import import areal_module
 from .areal_names import check_uses, nested_code
 from .errors import WorkerAnswerError
 
-__all__ = ["UPDATE_PATH", "check_gateway", "keep_refusals"]
+__all__ = ["GATEWAY_APP", "UPDATE_PATH", "check_gateway", "keep_refusals"]
 
 GATEWAY_APP = "areal.experimental.weight_update.gateway.app"
+"""AReaL's weight-update gateway app module, whose ``_post`` `keep_refusals` replaces."""
 UPDATE_PATH = "/awex/update_weights"
 """The worker route of one weight update, as AReaL's gateway posts it."""
 _TRANSFER = "_awex_transfer_weights"
