@@ -13,9 +13,9 @@ from dte_config.load import LoadedConfig
 
 EXAMPLE = (Path(__file__).resolve().parents[1]
            / "apps/gsm8k_separation/configs/gsm8k_grpo_qwen3_30b_a3b.yaml")
-DELTA_IN_CLUSTER = ("actor.weight_update_delta_method=snapshot", "actor._version=v1",
-                    "rollout._version=v1")
-"""What the example needs on top to run the delta path in cluster mode today."""
+DELTA_IN_CLUSTER = ()
+"""What the example needs on top to run the delta path in cluster mode: nothing, the seed's
+config runs as shipped (adamw, v2 controllers)."""
 DELTA_OFF = ("actor.enable_delta_weight_update=false",)
 MEGATRON_STACK = all(importlib.util.find_spec(name) is not None
                      for name in ("mbridge", "megatron.core"))

@@ -110,5 +110,35 @@ def test_run_cluster_builds_the_chosen_actor_engine_first(load, overrides, raise
         "No module named 'mbridge'" in str(caught.value), example.started_processes())
 
 
+def test_seed_config_dry_run_plans_adamw_on_awex(areal, tmp_path, capsys):
+    """The README's dry run of the seed's config as shipped (only the scheduler and file
+    roots given, as a cluster user would): every startup check passes, exit 0, planned with
+    the adamw detector over AReaL's awex group under the v2 controllers."""
+    from gsm8k_separation.cli import main
+
+    roots = [f"cluster.fileroot={tmp_path}", f"cluster.name_resolve.nfs_record_root={tmp_path}"]
+    assert 0 == main(["--config", str(example.EXAMPLE), "--dry-run", "scheduler.type=slurm",
+                      *roots])
+    out = capsys.readouterr().out.splitlines()
+    assert ["weight sync: delta (adamw), full anchor every 20 deltas, over awex (controller v2)",
+            "dry run: would run the cluster job through AReaL's slurm scheduler"] == out[-2:]
+
+
+def test_dry_run_with_another_areal_is_refused_in_one_line(areal, tmp_path, capsys,
+                                                          monkeypatch):
+    """An AReaL other than 1.0.4 under the delta path: exit 2, one line naming the installed
+    version and the fix, before anything starts."""
+    import areal as areal_package
+    from gsm8k_separation.cli import main
+
+    monkeypatch.setattr(areal_package, "__version__", "1.0.5")
+    roots = [f"cluster.fileroot={tmp_path}", f"cluster.name_resolve.nfs_record_root={tmp_path}"]
+    assert 2 == main(["--config", str(example.EXAMPLE), "scheduler.type=slurm", *roots])
+    assert ("error: areal 1.0.5: areal.__version__: expected 1.0.4 as in AReaL 1.0.4, but the "
+            "installed AReaL is 1.0.5; cluster mode's delta path needs areal==1.0.4 (see "
+            "packages/areal-dte/README.md); fix: install areal==1.0.4 in this environment, or "
+            "set actor.enable_delta_weight_update=false") == capsys.readouterr().err.strip()
+
+
 def _parts(loaded):
     return loaded.tree, loaded.config

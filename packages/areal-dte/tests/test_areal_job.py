@@ -7,18 +7,19 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import logging
 
 import areal_example as example
 import pytest
 from areal_dte.areal_job import AREAL_ACTOR, DELTA_ACTOR, experiment_config, plan_cluster
-from areal_dte.errors import AReaLImportError, ClusterModeError
+from areal_dte.errors import AReaLCompatError, AReaLImportError, ClusterModeError
 from dte_config import ConfigValidationError, DeltaMethod, read_env
 from dte_config.env import env_variables
 
 pytestmark = pytest.mark.areal
 
 ON, OFF = example.DELTA_IN_CLUSTER, example.DELTA_OFF
-"""The delta path as cluster mode runs it today; AReaL's own full-weight path."""
+"""The delta path as cluster mode runs it (the seed as shipped); AReaL's own full-weight path."""
 
 
 @pytest.fixture(scope="module")
@@ -105,19 +106,15 @@ def test_delta_engine_is_areal_megatron_actor(areal):
 
 
 REJECTED = [
-    ((), "actor.weight_update_delta_method", DeltaMethod.ADAMW),
-    (("actor.weight_update_delta_method=cast",), "actor.weight_update_delta_method",
-     DeltaMethod.CAST),
-    (("actor.weight_update_delta_method=snapshot",), "actor._version", "v2"),
-    (("actor.weight_update_delta_method=snapshot", "actor._version=v1"), "rollout._version",
-     "v2"),
-    ((*ON, "actor.weight_update_mode=disk"), "actor.weight_update_mode", "disk"),
-    ((*ON, "actor.backend=megatron:d2p2t2"), "actor.backend", "megatron:d2p2t2"),
-    ((*ON, "actor.weight_update_delta_diagnostics.weight_digests=true"),
-     "actor.weight_update_delta_diagnostics.weight_digests", True),
-    ((*ON, "actor.weight_update_delta_diagnostics.recovery=true"),
+    (("actor.weight_update_delta_method=snapshot",), "actor.weight_update_delta_method",
+     DeltaMethod.SNAPSHOT),
+    (("actor._version=v1",), "actor._version", "v1"),
+    (("rollout._version=v1",), "rollout._version", "v1"),
+    (("actor.weight_update_delta_diagnostics.recovery=true",),
      "actor.weight_update_delta_diagnostics.recovery", True),
-    ((*ON, "scheduler.type=kubernetes"), "scheduler.type", "kubernetes"),
+    (("actor.weight_update_delta_diagnostics.deterministic_rollout=true",),
+     "actor.weight_update_delta_diagnostics.deterministic_rollout", True),
+    (("scheduler.type=kubernetes",), "scheduler.type", "kubernetes"),
     ((*OFF, "scheduler.type=kubernetes"), "scheduler.type", "kubernetes"),
 ]
 
@@ -137,7 +134,7 @@ def test_what_cluster_mode_cannot_run_is_rejected_before_any_worker(load, overri
 
 
 def test_fp8_weights_are_rejected(areal, load):
-    """FP8 weights (1-byte elements) are refused: the snapshot detector cannot diff them."""
+    """FP8 weights (1-byte elements) are refused: the detectors compare 2-byte bits."""
     with pytest.raises(ClusterModeError) as caught:
         plan_cluster(*_parts(load(*ON, "actor.megatron.fp8_config={}")))
     assert ("actor.megatron.fp8_config", areal.FP8EngineConfig()) == (caught.value.key,
@@ -145,16 +142,61 @@ def test_fp8_weights_are_rejected(areal, load):
 
 
 def test_rejection_message_names_key_value_and_fix(load):
-    """The example as it stands (adamw) is refused in cluster mode, with the way out."""
+    """A v1 actor controller is refused in cluster mode, with the way out."""
     with pytest.raises(ClusterModeError) as caught:
-        plan_cluster(*_parts(load()))
+        plan_cluster(*_parts(load("actor._version=v1")))
     expected = (
-        "actor.weight_update_delta_method='adamw': cluster mode finds changes with the "
-        "snapshot detector only; adamw needs the DistributedOptimizer's sharded moments and "
-        "cast a hook on its master-to-model copy, neither wired into AReaL's Megatron engine "
-        "yet; fix: set actor.weight_update_delta_method=snapshot, or set "
+        "actor._version='v1': cluster mode sends deltas over AReaL's awex weight-update "
+        "group, which only the v2 controllers use (v1 broadcasts full weights over xccl); "
+        "fix: set actor._version=v2 and rollout._version=v2, or set "
         "actor.enable_delta_weight_update=false (AReaL's full-weight path)")
     assert expected == str(caught.value)
+
+
+def test_seed_config_as_shipped_is_planned_with_adamw(load, caplog):
+    """The seed's YAML with no override passes every startup check, dte-config's and
+    cluster mode's, without a warning, and is planned with the adamw detector on the v2
+    controllers (awex)."""
+    with caplog.at_level(logging.WARNING, logger="areal_dte"):
+        plan = plan_cluster(*_parts(load()))
+    assert (DeltaMethod.ADAMW, "v2", "v2", DELTA_ACTOR, []) == (
+        plan.delta.weight_update_delta_method, plan.config.actor._version,
+        plan.config.rollout._version, plan.actor_engine, caplog.messages)
+
+
+def test_other_areal_release_is_refused_before_any_worker(areal, load, monkeypatch):
+    """With the delta path on, the plan checks the AReaL names the v2 controller wraps
+    against the pinned release; with it off, AReaL's own path needs no such check."""
+    import areal as areal_package
+
+    monkeypatch.setattr(areal_package, "__version__", "1.0.5")
+    with pytest.raises(AReaLCompatError) as caught:
+        plan_cluster(*_parts(load()))
+    plan = plan_cluster(*_parts(load(*OFF)))
+    assert ("areal.__version__", "1.0.4", "1.0.5", AREAL_ACTOR, []) == (
+        caught.value.name, caught.value.expected, caught.value.installed, plan.actor_engine,
+        example.started_processes())
+
+
+ACCEPTED = [
+    ("actor.weight_update_delta_method=cast",),
+    ("actor.weight_update_delta_diagnostics.weight_digests=true",),
+    ("actor.weight_update_delta_diagnostics.phase_timing=true",),
+    ("actor.weight_update_delta_diagnostics.snapshot_verification=true",),
+    ("actor.backend=megatron:d2p2t2",),
+    ("actor.weight_update_mode=disk",),
+]
+
+
+@pytest.mark.parametrize("overrides", ACCEPTED, ids=[o[0] for o in ACCEPTED])
+def test_what_cluster_mode_runs_is_planned(load, overrides):
+    """The other detector, the validation controls that work in cluster mode, several
+    pipeline stages and a weight_update_mode that the v2 controllers ignore: each is
+    planned with the delta path on and reaches the workers' DTE_* settings."""
+    loaded = load(*overrides)
+    plan = plan_cluster(*_parts(loaded))
+    specs = plan.config.actor.scheduling_spec
+    assert [loaded.config.delta] * len(specs) == [read_env(_dte(s.env_vars)) for s in specs]
 
 
 @pytest.mark.parametrize("kind", ["local", "slurm", "ray"])
@@ -177,7 +219,7 @@ def test_plan_describes_itself_for_a_dry_run(load):
         "scheduler: LocalScheduler (scheduler.type=local)",
         f"actor: megatron(actor):d2t4e8, 8 GPUs, engine {DELTA_ACTOR}",
         "rollout: sglang(rollout):d2t4, 8 GPUs",
-        "weight sync: delta (snapshot), full anchor every 20 deltas, over xccl",
+        "weight sync: delta (adamw), full anchor every 20 deltas, over awex (controller v2)",
     ]
     assert expected == plan.describe()
 

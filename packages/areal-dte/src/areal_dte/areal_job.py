@@ -13,7 +13,7 @@ before any worker starts:
 - the import path of the actor's engine class (`actor_engine`): areal-dte's Megatron
   actor with the delta path on, AReaL's own with it off.
 
-With the delta path on, `cluster_rules` rejects what cluster mode cannot run yet.
+With the delta path on, `cluster_rules` rejects what cluster mode cannot run.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from dte_config.load import LoadedConfig
 from omegaconf import DictConfig, OmegaConf
 
 from .areal_import import areal_module
-from .cluster_rules import XCCL, check_areal
+from .cluster_rules import check_areal
 from .errors import ClusterModeError
 
 __all__ = [
@@ -111,7 +111,8 @@ class ClusterPlan:
         """A few lines for a dry run: scheduler, allocations, engine, weight sync."""
         delta, actor = self.delta, self.config.actor
         sync = (f"delta ({delta.weight_update_delta_method.value}), full anchor every "
-                f"{delta.weight_update_anchor_interval} deltas, over {XCCL}"
+                f"{delta.weight_update_anchor_interval} deltas, over awex (controller "
+                f"{actor._version})"
                 if delta.enable_delta_weight_update
                 else f"AReaL's full-weight path ({actor.weight_update_mode}, controller "
                      f"{actor._version})")
@@ -133,9 +134,13 @@ def plan_cluster(tree: DictConfig, run: RunConfig) -> ClusterPlan:
         AReaLImportError: AReaL is not installed.
         ClusterModeError: a setting cluster mode cannot run (`cluster_rules`), or an
             unknown ``scheduler.type``.
+        AReaLCompatError: with the delta path on, an AReaL other than the pinned release
+            (`controller_v2.check_controller`).
     """
     config = experiment_config(tree, run)
     check_areal(config, run.delta)
+    if run.delta.enable_delta_weight_update:  # the controller's AReaL names, before any worker
+        areal_module("areal_dte.controller_v2").check_controller()
     allocation = areal_module("areal.api.alloc_mode").ModelAllocation
     return ClusterPlan(
         config=config,

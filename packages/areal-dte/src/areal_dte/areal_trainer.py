@@ -2,7 +2,9 @@
 
 Two of ``PPOTrainer``'s steps take the plan's objects: the scheduler is the plan's (AReaL
 builds the same one, `areal_job.build_scheduler`), and with the delta path on the actor's
-workers build the plan's engine class, areal-dte's Megatron actor. Everything else is
+workers build the plan's engine class, areal-dte's Megatron actor, under
+`controller_v2.DeltaActorControllerV2` (AReaL's v2 actor controller, whose weight updates
+raise on a refusal and resend the version in full once). Everything else is
 AReaL's trainer as it is, in single-controller mode; with the delta path off it is AReaL's
 run unchanged. Importing this module imports AReaL's trainer (`AReaLImportError`).
 """
@@ -14,6 +16,7 @@ from typing import Any
 
 from .areal_import import areal_module
 from .areal_job import ClusterPlan
+from .controller_v2 import DeltaActorControllerV2
 
 __all__ = ["DeltaPPOTrainer"]
 
@@ -41,6 +44,7 @@ class DeltaPPOTrainer(_rl_trainer.PPOTrainer):
             return super()._create_train_engine(actor_config, alloc)
         module, _, name = self.plan.actor_engine.rpartition(".")
         engine = getattr(importlib.import_module(module), name)  # AReaLImportError stays typed
-        actor = engine.as_controller(actor_config, self.scheduler)
+        actor = DeltaActorControllerV2(train_engine=engine, config=actor_config,
+                                       scheduler=self.scheduler)
         actor.create_process_group(parallel_strategy=alloc.parallel)
         return actor

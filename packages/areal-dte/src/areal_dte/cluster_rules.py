@@ -1,47 +1,43 @@
 """What the AReaL cluster mode can run with the delta path on, checked before any worker starts.
 
-The actor side in cluster mode (`megatron_actor`) today:
+Cluster mode runs on AReaL 1.0.4's v2 stack, the one the seed's config selects
+(``_version: v2``): weights move over AReaL's awex weight-update group, each Megatron rank
+sending the changes of its own shard, found inside Megatron's distributed optimizer by the
+``adamw`` or ``cast`` detector (`areal_dte.megatron`). So cluster mode needs:
 
-- finds changed elements with the snapshot detector, on host copies of the Hugging
-  Face-named tensors that AReaL's own weight-update walk produces. ``adamw`` needs the
-  sharded moments of Megatron's DistributedOptimizer and ``cast`` a hook on its
-  master-to-model copy; neither is wired into AReaL's Megatron engine yet;
-- is called through the engine's ``update_weights``, which only AReaL's v1 train controller
-  does (v2 delivers weights through AWEX alone), and sends over AReaL's xccl
-  weight-update group;
-- builds one payload per version, for the whole model, on the single pipeline head;
-- has no rollout weight digests, sync-stream recovery or deterministic rollout yet.
+- the v2 controllers for the actor and the rollout (AReaL's v1 controllers send through its
+  xccl broadcast, which carries no delta);
+- a detector that works inside the optimizer: ``adamw`` or ``cast``, not ``snapshot``
+  (a host copy of the model; ``snapshot_verification`` is the check that keeps one);
+- 2-byte model weights: the detectors compare bf16 bits, FP8 weights are 1 byte.
 
-Each of these is a `Requirement`: a setting outside it raises `ClusterModeError` naming the
-key, the value and the fix. A setting that only tunes a path cluster mode does not take
-logs a warning instead. With the delta path off nothing here applies: AReaL's own
-full-weight path runs.
+Of the validation controls, weight digests, phase timing and snapshot verification run in
+cluster mode (off by default); resuming the sync stream from checkpoints and the
+deterministic rollout diagnostics belong to the embedded job. Each rule is a `Requirement`:
+a setting outside it raises `ClusterModeError` naming the key, the value and the fix. With
+the delta path off nothing here applies: AReaL's own full-weight path runs unchanged.
 """
 
 from __future__ import annotations
 
-import logging
 import operator
 from collections.abc import Callable
 from typing import Any
 
 import attrs
 from dte_config import DeltaConfig, DeltaMethod
-from dte_config.delta import ACTOR, DIAGNOSTICS, PERFORMANCE, setting_values
-from dte_config.errors import show
+from dte_config.delta import ACTOR, DIAGNOSTICS, setting_values
 from dte_config.rl import lookup
 
-from .areal_import import areal_module
 from .errors import ClusterModeError
 
-__all__ = ["XCCL", "check_areal", "check_delta"]
-
-log = logging.getLogger(__name__)
+__all__ = ["V2", "check_areal", "check_delta"]
 
 OR_FULL = "or set actor.enable_delta_weight_update=false (AReaL's full-weight path)"
-NOT_YET = "is not built for the AReaL cluster mode yet"
-XCCL = "xccl"
-"""AReaL's weight-update type whose group the delta payloads ride."""
+V2 = "v2"
+"""AReaL's controller version whose weight updates go through awex."""
+OPTIMIZER_METHODS = frozenset({DeltaMethod.ADAMW, DeltaMethod.CAST})
+"""The detectors that run inside Megatron's distributed optimizer."""
 
 
 @attrs.frozen(kw_only=True)
@@ -63,73 +59,50 @@ class Requirement:
             raise ClusterModeError(key=self.key, value=value, problem=self.problem, fix=self.fix)
 
 
-def _diagnostic(name: str, what: str) -> Requirement:
+def _embedded_only(name: str, what: str) -> Requirement:
     return Requirement(key=f"{DIAGNOSTICS}.{name}", accepts=operator.not_,
-                       problem=f"{what} {NOT_YET}", fix=f"set {DIAGNOSTICS}.{name}=false")
+                       problem=f"{what} is a control of the embedded job, not of cluster mode",
+                       fix=f"set {DIAGNOSTICS}.{name}=false")
 
 
-def _controller_v1(section: str) -> Requirement:
+def _controller_v2(section: str) -> Requirement:
     return Requirement(
-        key=f"{section}._version", accepts=lambda version: version == "v1",
-        problem="AReaL 1.0.4's v2 controllers deliver weights through AWEX alone and never "
-                "call the actor engine's update_weights, where the delta path runs",
-        fix=f"set {ACTOR}._version=v1 and rollout._version=v1, {OR_FULL}")
-
-
-def _single_pipeline_stage(backend: str) -> bool:
-    allocation = areal_module("areal.api.alloc_mode").ModelAllocation.from_str(backend)
-    return allocation.parallel.pp_size == 1
+        key=f"{section}._version", accepts=lambda version: version == V2,
+        problem="cluster mode sends deltas over AReaL's awex weight-update group, which only "
+                "the v2 controllers use (v1 broadcasts full weights over xccl)",
+        fix=f"set {ACTOR}._version={V2} and rollout._version={V2}, {OR_FULL}")
 
 
 DELTA_REQUIREMENTS = (
     Requirement(
         key=f"{ACTOR}.weight_update_delta_method",
-        accepts=lambda method: method is DeltaMethod.SNAPSHOT,
-        problem="cluster mode finds changes with the snapshot detector only; adamw needs "
-                "the DistributedOptimizer's sharded moments and cast a hook on its "
-                "master-to-model copy, neither wired into AReaL's Megatron engine yet",
-        fix=f"set {ACTOR}.weight_update_delta_method=snapshot, {OR_FULL}",
+        accepts=OPTIMIZER_METHODS.__contains__,
+        problem="cluster mode finds changes inside Megatron's distributed optimizer (adamw or "
+                "cast); the snapshot detector would keep a host copy of the model",
+        fix=f"set {ACTOR}.weight_update_delta_method=adamw (or cast; "
+            f"{DIAGNOSTICS}.snapshot_verification=true checks it against a snapshot), {OR_FULL}",
     ),
-    _diagnostic("weight_digests", "comparing rollout digests with the actor's"),
-    _diagnostic("recovery", "resuming the sync stream from checkpoints"),
-    _diagnostic("deterministic_rollout", "deterministic rollout"),
+    _embedded_only("recovery", "resuming the sync stream from the app's checkpoints"),
+    _embedded_only("deterministic_rollout", "the deterministic rollout comparison"),
 )
 """Delta settings cluster mode needs, read from the `DeltaConfig` (also in the workers)."""
 
 AREAL_REQUIREMENTS = (
-    _controller_v1(ACTOR),
-    _controller_v1("rollout"),
-    Requirement(
-        key=f"{ACTOR}.weight_update_mode",
-        accepts=lambda mode: mode == XCCL,
-        problem=f"payloads travel over AReaL's {XCCL} weight-update group",
-        fix=f"set {ACTOR}.weight_update_mode={XCCL}",
-    ),
+    _controller_v2(ACTOR),
+    _controller_v2("rollout"),
     Requirement(
         key=f"{ACTOR}.megatron.fp8_config",
         accepts=lambda fp8: fp8 is None,
-        problem="the snapshot detector compares 2-, 4- and 8-byte elements, and FP8 "
-                "weights are 1 byte",
+        problem="the detectors compare the bits of 2-byte model weights, and FP8 weights "
+                "are 1 byte",
         fix=f"set {ACTOR}.megatron.fp8_config=null, {OR_FULL}",
-    ),
-    Requirement(
-        key=f"{ACTOR}.backend",
-        accepts=_single_pipeline_stage,
-        problem="a version's payload covers the whole model and is built on the actor's one "
-                "pipeline head",
-        fix="use one pipeline stage (p1) in actor.backend",
     ),
 )
 """AReaL settings the delta path needs, read from AReaL's parsed ``GRPOConfig``."""
 
-WITHOUT_EFFECT = {
-    f"{PERFORMANCE}.p2p_coalesce": "a version travels as one broadcast, not as two-round P2P",
-}
-"""Tuning settings that change nothing in cluster mode, and why."""
-
 
 def check_delta(delta: DeltaConfig) -> None:
-    """Reject delta settings cluster mode cannot run; warn about ones without effect here.
+    """Reject delta settings cluster mode cannot run.
 
     Raises:
         ClusterModeError: the first requirement broken (nothing when the path is off).
@@ -139,11 +112,6 @@ def check_delta(delta: DeltaConfig) -> None:
     values = setting_values(delta)
     for requirement in DELTA_REQUIREMENTS:
         requirement.check(values[requirement.key])
-    defaults = setting_values(DeltaConfig())
-    for key, reason in WITHOUT_EFFECT.items():
-        if values[key] != defaults[key]:
-            log.warning("%s=%s has no effect in cluster mode: %s", key, show(values[key]),
-                        reason)
 
 
 def check_areal(config: Any, delta: DeltaConfig) -> None:

@@ -108,3 +108,34 @@ class DeltaSyncError(ArealDteError, RuntimeError):
     def __init__(self, field: str, *, expected: object, got: object):
         self.field, self.expected, self.got = field, expected, got
         super().__init__(f"{field}: expected {expected}, got {got}")
+
+
+class WeightUpdateRefusedError(ArealDteError, RuntimeError):
+    """A weight update of ``version`` failed on a worker; ``detail`` is what the worker
+    answered (a rollout's refusal text, through the weight-update gateway)."""
+
+    def __init__(self, version: int, *, detail: str):
+        self.version, self.detail = version, detail
+        super().__init__(f"v{version}: weight update failed: {detail}")
+
+
+class WorkerAnswerError(ArealDteError, RuntimeError):
+    """A worker answered a weight-update request with an HTTP error; ``text`` is its body."""
+
+    def __init__(self, url: str, *, status: int, text: str):
+        self.url, self.status, self.text = url, status, text
+        super().__init__(f"{url} answered {status}: {text}")
+
+
+PINNED_AREAL = "1.0.4"
+"""The AReaL release whose private names the cluster mode wraps, checked at startup."""
+
+
+class AReaLCompatError(ArealDteError, RuntimeError):
+    """An AReaL name that cluster mode wraps is not what the pinned AReaL version has."""
+
+    def __init__(self, name: str, *, expected: str, installed: str):
+        self.name, self.expected, self.installed = name, expected, installed
+        super().__init__(f"{name}: expected {expected} as in AReaL {PINNED_AREAL}, but the "
+                         f"installed AReaL is {installed}; cluster mode's delta path needs "
+                         f"areal=={PINNED_AREAL} (see packages/areal-dte/README.md)")

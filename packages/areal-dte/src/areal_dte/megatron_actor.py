@@ -13,6 +13,10 @@ pipeline head). The one step replaced is the bucket's broadcast,
 walk hand a bucket over: the bucket goes to a `BucketSync` instead. After the walk the
 pipeline head sends the version through an `XcclLink`, the rollout's generation paused
 around it, and every rank meets at a barrier as at the end of AReaL's own update.
+
+Its ``configure`` (`FullSyncRequests`, AReaL's train-worker ``/configure`` route) records
+`controller_v2.DeltaActorControllerV2`'s request to send a refused version in full; the v2
+weight-update adapter takes it (``take_full_sync_request``) when it sends that version.
 """
 
 from __future__ import annotations
@@ -27,8 +31,9 @@ from dte_transport import Sender
 
 from .areal_import import areal_module
 from .bucket_sync import BucketSync
-from .cluster_rules import XCCL, check_delta
+from .cluster_rules import check_delta
 from .errors import DeltaSyncError
+from .full_sync_request import FullSyncRequests
 from .xccl_link import XcclLink
 
 __all__ = ["DeltaMegatronPPOActor"]
@@ -36,9 +41,11 @@ __all__ = ["DeltaMegatronPPOActor"]
 log = logging.getLogger(__name__)
 
 _engine = areal_module("areal.engine.megatron_engine")
+XCCL = "xccl"
+"""AReaL's weight-update type whose group the delta payloads ride."""
 
 
-class DeltaMegatronPPOActor(_engine.MegatronPPOActor):
+class DeltaMegatronPPOActor(FullSyncRequests, _engine.MegatronPPOActor):
     """``MegatronPPOActor`` whose ``update_weights`` sends deltas (see the module docstring).
 
     Raises:
