@@ -1,4 +1,5 @@
-"""``remap_all`` equals ``remap`` tensor by tensor, bit for bit, over random plans."""
+"""``remap_flat`` (``remap_all``'s GPU path) equals ``remap`` tensor by tensor, bit for bit,
+over random plans; on the CPU it runs the same torch ops as on a GPU."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import math
 
 import pytest
 import torch
-from dte_codec.batched_remap import RemapItem, remap_all
+from dte_codec.batched_remap import RemapItem, remap_flat
 from dte_codec.errors import GeometryError
 from dte_codec.geometry import Box, Transfer, plan
 from dte_codec.remap import remap
@@ -35,10 +36,10 @@ def _random_items(case, order: str) -> list[RemapItem]:
 
 
 def _differences(items: list[RemapItem]) -> list[str]:
-    """Where ``remap_all`` and ``remap`` disagree: target sets, dtypes, any index or
+    """Where ``remap_flat`` and ``remap`` disagree: target sets, dtypes, any index or
     position bit."""
     found = []
-    for item, got in zip(items, remap_all(items), strict=True):
+    for item, got in zip(items, remap_flat(items), strict=True):
         expected = remap(item.transfers, item.source_shape, item.indices, tensor=item.tensor)
         if expected.keys() != got.keys():
             found.append(f"{item.tensor}: targets {sorted(expected)} != {sorted(got)}")
@@ -55,7 +56,7 @@ def _differences(items: list[RemapItem]) -> list[str]:
 @given(case=cases(), order=st.sampled_from(["sorted", "shuffled"]))
 @example(case=PINNED, order="shuffled")
 @example(case=BACK, order="sorted")
-def test_remap_all_equals_remap_per_tensor(case, order):
+def test_remap_flat_equals_remap_per_tensor(case, order):
     """Every source rank's tensors in one call (many geometries, replicated and split
     targets, Megatron TP/PP/EP to SGLang TP/EP with padded vocabs and back): each item
     gets exactly ``remap``'s targets, index dtypes, indices and positions."""
@@ -77,7 +78,7 @@ VECTOR = (_transfer(0, "v", (5,), Box((0,), (3,)), Box((2,), (3,))),
           _transfer(1, "v", (3,), Box((0,), (3,)), Box((0,), (3,))))
 
 
-def test_remap_all_sorts_only_what_interleaves_and_keeps_empty_targets():
+def test_remap_flat_sorts_only_what_interleaves_and_keeps_empty_targets():
     """Interleaving boxes, split rows, a replicated 1-D tensor, an empty index set and a
     tensor with no plan in one call: each equals ``remap``; empty targets stay."""
     items = [RemapItem(SWAPPED, (4, 6), torch.tensor([23, 0, 5, 2, 12, 9])),
@@ -86,7 +87,7 @@ def test_remap_all_sorts_only_what_interleaves_and_keeps_empty_targets():
              RemapItem(ROWS, (4, 6), torch.tensor([], dtype=torch.int64)),
              RemapItem((), (4, 6), torch.tensor([1]))]
     assert [] == _differences(items)
-    out = remap_all(items)
+    out = remap_flat(items)
     # hand-checked: (row, col) -> (row, col +- 3), sorted in the target
     assert [2, 3, 5, 6, 15, 20] == out[0][(0, "t")].indices.tolist()
     assert [2, 1, 3, 5, 4, 0] == out[0][(0, "t")].positions.tolist()
@@ -95,10 +96,10 @@ def test_remap_all_sorts_only_what_interleaves_and_keeps_empty_targets():
     assert {} == out[4]
 
 
-def test_remap_all_of_nothing():
+def test_remap_flat_of_nothing():
     """No items: no outputs; items with no elements anywhere: every target, empty."""
-    assert [] == remap_all([])
-    out = remap_all([RemapItem(SWAPPED, (4, 6), torch.tensor([], dtype=torch.int32))])
+    assert [] == remap_flat([])
+    out = remap_flat([RemapItem(SWAPPED, (4, 6), torch.tensor([], dtype=torch.int32))])
     assert [(0, "t")] == list(out[0])
     assert torch.int32 == out[0][(0, "t")].indices.dtype
     assert 0 == out[0][(0, "t")].positions.numel()
@@ -110,9 +111,9 @@ def test_remap_all_of_nothing():
     (torch.tensor([[0]]), "tensor 'w': indices: expected a 1-D int32 or int64 tensor, "
                           "got 2-D torch.int64"),
 ])
-def test_remap_all_rejects_what_remap_rejects(indices, message):
+def test_remap_flat_rejects_what_remap_rejects(indices, message):
     """A bad item among good ones raises ``remap``'s GeometryError with its message."""
     good = RemapItem(ROWS, (4, 6), torch.tensor([3]))
     with pytest.raises(GeometryError) as info:
-        remap_all([good, RemapItem(SWAPPED, (4, 6), indices, tensor="w")])
+        remap_flat([good, RemapItem(SWAPPED, (4, 6), indices, tensor="w")])
     assert message == str(info.value)

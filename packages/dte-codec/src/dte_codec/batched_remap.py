@@ -1,9 +1,10 @@
 """``remap`` for many source tensors at once, in a fixed number of torch ops.
 
-``remap_all`` gives, item by item, exactly what ``remap.remap`` gives (the same sorted
+``remap_flat`` gives, item by item, exactly what ``remap.remap`` gives (the same sorted
 target indices, the same positions), but treats the indices of every item as one flat
 space, so a sync costs the same handful of kernel launches and two host
-synchronizations whether it touches one tensor or four hundred:
+synchronizations whether it touches one tensor or four hundred; ``remap_all`` takes
+that path on a GPU and keeps ``remap`` (the reference) on the CPU:
 
 1. Items whose plans have one geometry (source shape, boxes, affine maps: the same
    tensor of every layer) form a group. Per group, one ``(transfers, elements)`` mask
@@ -33,11 +34,11 @@ from collections.abc import Sequence
 import attrs
 import torch
 
-from .fields import host_table
+from .fields import batched, host_table
 from .geometry import Transfer
 from .header import INDEX32_LIMIT
 from .remap import (Remapped, _affine, _check_boxes, _check_index_type, _check_range,
-                    _strides)
+                    _strides, remap)
 
 _INT64 = torch.int64
 Target = tuple[int, str]
@@ -58,7 +59,26 @@ def remap_all(items: Sequence[RemapItem]) -> list[dict[Target, Remapped]]:
     """``remap.remap`` of every item: per item, per target of its plan (empty ones too),
     the sorted target indices and their positions in the item's ``indices``.
 
-    Items on different devices are remapped per device.
+    Items on a GPU go through ``remap_flat`` together (per device); CPU items through
+    ``remap`` one by one, which touches fewer and narrower temporaries and has no
+    launches or synchronizations to save (the same rule as ``fields.batched``).
+
+    Raises:
+        GeometryError: as ``remap`` would for an item it rejects.
+    """
+    out: list[dict[Target, Remapped]] = [{} for _ in items]
+    flat = [k for k, item in enumerate(items) if batched(item.indices.device)]
+    for k, routed in zip(flat, remap_flat([items[k] for k in flat])):
+        out[k] = routed
+    for k, item in enumerate(items):
+        if not batched(item.indices.device):
+            out[k] = remap(item.transfers, item.source_shape, item.indices, tensor=item.tensor)
+    return out
+
+
+def remap_flat(items: Sequence[RemapItem]) -> list[dict[Target, Remapped]]:
+    """What ``remap_all`` gives, every item through the flat path on any device (items
+    on different devices: one pass per device).
 
     Raises:
         GeometryError: as ``remap`` would for an item it rejects.
@@ -135,8 +155,8 @@ def _remap_on(device: torch.device, items: list[RemapItem]) -> list[dict[Target,
 
 # Rows of the per-group device table (then the strides, then the sizes of each
 # right-aligned source dimension).
-(_MASK_START, _ELEMENTS, _ELEMENT_START, _ITEM_BASE, _ITEMS, _SLOT_BASE, _BLOCK_BASE,
- _SHAPE) = range(8)
+# _BLOCK_BASE: the group's first block in pair order, less its first item.
+_MASK_START, _ELEMENTS, _ELEMENT_START, _ITEMS, _SLOT_BASE, _BLOCK_BASE, _SHAPE = range(7)
 # Rows of the per-item table; of the per-block table (a block: one item and one transfer
 # slot), indexed by block in (item, slot) order, except the last row, indexed by block
 # in (group, slot, item) order, the order ``nonzero`` leaves pairs in.
@@ -169,9 +189,9 @@ class _Layout:
         items = [len(g.items) for g in groups]
         elements = [g.elements for g in groups]
         mask = _exclusive([s * e for s, e in zip(slots, elements)])
-        group_rows = [mask, elements, _exclusive(elements), [g.items[0] for g in groups],
-                      items, _exclusive(slots),
-                      _exclusive([s * i for s, i in zip(slots, items)])]
+        block_base = _exclusive([s * i for s, i in zip(slots, items)])
+        group_rows = [mask, elements, _exclusive(elements), items, _exclusive(slots),
+                      [b - g.items[0] for b, g in zip(block_base, groups)]]
         segments = _Segments.of(geometries)
         item_rows = [_exclusive(counts), counts,
                      [math.prod(g.signature[0]) for g in geometries]]
@@ -284,20 +304,22 @@ def _pairs(groups: list[_Group], flat: torch.Tensor, layout: _Layout) -> _Pairs:
         start += group.elements
     at = mask.nonzero().view(-1)  # host synchronization 1
     g = torch.searchsorted(layout.groups[_MASK_START], at, right=True) - 1
-    row = layout.groups.index_select(1, g)
-    rest = at - row[_MASK_START]
-    slot = rest // row[_ELEMENTS]
-    within = rest - slot * row[_ELEMENTS]
-    element = row[_ELEMENT_START] + within
+
+    def per_group(row: int) -> torch.Tensor:
+        return layout.groups[row].index_select(0, g)
+
+    rest = at - per_group(_MASK_START)
+    elements = per_group(_ELEMENTS)
+    slot = rest // elements
+    element = rest - slot * elements + per_group(_ELEMENT_START)
     item = torch.searchsorted(layout.items[_ITEM_ELEMENT_START], element, right=True) - 1
-    block = row[_BLOCK_BASE] + slot * row[_ITEMS] + item - row[_ITEM_BASE]
+    block = per_group(_BLOCK_BASE) + slot * per_group(_ITEMS) + item
     source = flat.index_select(0, element)
-    global_slot = row[_SLOT_BASE] + slot
-    slots = layout.slots.index_select(1, global_slot)
-    target = slots[0]
+    global_slot = per_group(_SLOT_BASE) + slot
+    target = layout.slots[0].index_select(0, global_slot)
     for d in range(layout.dims):
-        coord = (source // row[_SHAPE + d]) % row[_SHAPE + layout.dims + d]
-        target = target + coord * slots[1 + d]
+        coord = (source // per_group(_SHAPE + d)) % per_group(_SHAPE + layout.dims + d)
+        target += coord * layout.slots[1 + d].index_select(0, global_slot)
     return _Pairs(element=element, item=item, block=block, target_flat=target)
 
 
