@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 from areal_dte import Method, TorchActor
 from bitwise import assert_same_bits
+from dte_codec import Frame
 from dte_transport import LinkError, Loopback, Receiver, Sender, SyncError
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
@@ -21,18 +22,32 @@ class FaultyLink(Loopback):
         self.fault: str | None = None
         self.corrupt_at = 0
 
-    def send(self, data: bytes) -> object:
+    def send(self, frame: Frame) -> object:
         fault, self.fault = self.fault, None
         if fault == "corrupt":
-            mutable = bytearray(data)
-            mutable[self.corrupt_at % len(mutable)] ^= 0x5A
-            data = bytes(mutable)
+            frame = _corrupted(frame, self.corrupt_at % frame.nbytes)
         if fault == "lose_payload":
             raise LinkError("payload lost")
-        ack = super().send(data)
+        ack = super().send(frame)
         if fault == "lose_ack":
             raise LinkError("acknowledgement lost")
         return ack
+
+
+def _corrupted(frame: Frame, at: int) -> Frame:
+    """``frame`` with byte ``at`` of its payload changed: in the host header, or in a
+    copy of the body segment that holds it (on its device)."""
+    if at < len(frame.header):
+        header = bytearray(frame.header)
+        header[at] ^= 0x5A
+        return Frame(bytes(header), frame.segments)
+    segments, at = [s.clone() for s in frame.segments], at - len(frame.header)
+    for segment in segments:
+        if at < segment.numel():
+            segment[at] ^= 0x5A
+            break
+        at -= segment.numel()
+    return Frame(frame.header, segments)
 
 
 class SyncMachine(RuleBasedStateMachine):

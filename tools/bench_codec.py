@@ -56,7 +56,7 @@ import torch
 from provenance import git_sha, machine
 import zstandard
 from areal_dte import Method, TorchActor
-from dte_codec import Header, apply_, decode, encode_delta, encode_full
+from dte_codec import Frame, Header, apply_, decode, encode_delta, encode_full
 from dte_detector import diff
 from dte_transport import Loopback, Receiver, Sender, SyncKind
 
@@ -188,9 +188,9 @@ class Gradients:
 class _RecordingLoopback(Loopback):
     """A loopback link that keeps the last payload's bytes."""
 
-    def send(self, data: bytes):
-        self.last = data
-        return super().send(data)
+    def send(self, frame: Frame):
+        self.last = bytes(frame)
+        return super().send(frame)
 
 
 class _RecordingSender(Sender):
@@ -288,7 +288,7 @@ def measure_step(actor: TorchActor, sender: _RecordingSender, link: _RecordingLo
     apply_(weights, decode(snap, device=a.device))
     _assert_same(model, weights, "snapshot delta applied onto the previous weights")
     sizes = peer_sizes(prev, model, truth, link.last, a.zstd_level)
-    sizes.update(adamw=len(link.last), snapshot=len(snap))
+    sizes.update(adamw=len(link.last), snapshot=snap.nbytes)
     deltas = torch.cat(deltas)
     counts = torch.unique(deltas, return_counts=True)[1].double()
     value_bits = float(-(counts * (counts / changed).log2()).sum())
@@ -326,13 +326,13 @@ def time_codec(model, changes, prev, *, stream: str, version: int, a) -> dict[st
     def full(_=None):
         return encode_full(model, stream_id=stream, version=version)
 
-    delta_bytes, full_bytes = delta(), full()
+    delta_frame, full_frame = delta(), full()
     return {
         "encode": _timed(delta, lambda: None, a),
         "encode dense": _timed(full, lambda: None, a),
-        "decode+apply": _timed(lambda w: apply_(w, decode(delta_bytes, device=a.device)),
+        "decode+apply": _timed(lambda w: apply_(w, decode(delta_frame, device=a.device)),
                                lambda: _clone(prev), a),
-        "decode+apply dense": _timed(lambda w: apply_(w, decode(full_bytes, device=a.device)),
+        "decode+apply dense": _timed(lambda w: apply_(w, decode(full_frame, device=a.device)),
                                      lambda: _clone(prev), a),
     }
 

@@ -187,9 +187,9 @@ def main() -> None:
                   a, device, results)
     flat = measure("encode_flat", lambda: encode_delta_batched(weights, changes, **args), a, device,
                    results)
-    results["bytes_identical"] = ref == flat
-    results["payload_bytes"] = len(flat)
-    results["bytes_per_changed"] = len(flat) / changed
+    results["bytes_identical"] = bytes(ref) == bytes(flat)
+    results["payload_bytes"] = flat.nbytes
+    results["bytes_per_changed"] = flat.nbytes / changed
     del ref
     measure("decode_reference", lambda: decode_per_entry(flat, device=device), a, device,
             results)

@@ -1,27 +1,32 @@
 """Speed of the fused detection kernels against the measured HBM copy bandwidth (GPU).
 
-For each ``--numel``: N(0, 0.02) fp32 masters split into tensors of ``--tensor-numel``,
-two real ``torch.optim.AdamW`` steps (fused); the bf16 casts before and after the second
-step give the snapshot truth. Timed with CUDA events, median of ``--reps`` after
-``--warmup`` (the torch references: ``--reference-reps``):
+Each run is a set of fp32 masters: for each ``--numel``, N(0, 0.02) masters split into
+tensors of ``--tensor-numel``; with ``--model qwen3-4b``, also the 398 weights of
+``tools/bench_sync.py``'s Qwen3-4B shape (4.02e9 parameters, norms at 1, the rest
+N(0, 0.02)). Two real ``torch.optim.AdamW`` steps (fused) follow; the bf16 casts before
+and after the second step give the snapshot truth. Timed with CUDA events, median of
+``--reps`` after ``--warmup`` (the torch references: ``--reference-reps``), host
+synchronisations included:
 
 * copy: a bf16 device-to-device copy of ``numel`` elements, and an fp32 one of the same
   bytes; the faster one is the bandwidth the kernels are measured against;
-* inversion: ``invert_adamw`` over every tensor, kernel and torch reference; minimal
-  bytes 14 per element (fp32 master and moments, bf16 weight);
-* cast: ``CastDetector.record_and_copy`` over every tensor (the model reset to the old
-  weights and the detector cleared before each repetition, untimed), kernel and torch
-  reference (``record`` + ``copy_``); minimal bytes 6 per element.
+* inversion: ``invert_adamw`` tensor by tensor (``per tensor``: one host
+  synchronisation each) and ``invert_adamw_all`` over all of them (``batched``), and the
+  torch reference; minimal bytes 14 per element (fp32 master and moments, bf16 weight);
+* cast: ``CastDetector.record_and_copy`` tensor by tensor and ``record_and_copy_all``
+  (the model reset to the old weights and the detector cleared before each repetition,
+  untimed), and the torch reference (``record`` + ``copy_``); minimal bytes 6 per element.
 
 Each kernel's bandwidth is its minimal bytes over its time, as a fraction of the copy
 bandwidth; ``missed`` counts changed elements (snapshot diff) that the detector did not
-report (must be 0; the script exits 1 otherwise); ``== reference`` says whether the
-kernel's change sets equal the torch reference's bit for bit. Prints Markdown rows for
-``docs/benchmarks.md``; ``--profile`` adds torch.profiler's per-kernel table.
+report (must be 0; the script exits 1 otherwise, and also when a mode's change sets or
+model bits differ from the torch reference's); ``== reference`` says whether they are
+equal bit for bit. Prints Markdown rows for ``docs/benchmarks.md``; ``--profile`` adds
+torch.profiler's per-kernel table of the batched calls.
 
 Run (GPU machine, from the repository root):
-    PYTHONPATH=packages/dte-detector/src:tools python3 tools/gpu/bench_kernels.py \\
-        --numel 1e9 4e9 --sha <sha>
+    PYTHONPATH=packages/dte-detector/src:packages/dte-codec/src:tools \\
+        python3 tools/gpu/bench_kernels.py --numel 1e9 4e9 --model qwen3-4b --sha <sha>
 """
 
 from __future__ import annotations
@@ -35,19 +40,26 @@ import sys
 import torch
 from provenance import git_sha, machine
 
-from dte_detector import CastDetector, ChangeSet, diff, invert_adamw, torch_adamw_states
+from dte_detector import (CastDetector, ChangeSet, Inversion, diff, invert_adamw,
+                          invert_adamw_all, torch_adamw_states)
 from dte_detector.dispatch import reference
 
 INVERSION_BYTES = 14
 CAST_BYTES = 6
 COPY_BYTES = 4
 """A bf16 copy reads and writes 2 bytes per element."""
+QWEN3_4B = dict(vocab=151936, hidden=2560, layers=36, heads=32, kv_heads=8, head_dim=128,
+                intermediate=9728)
+"""``tools/bench_sync.py``'s model shape."""
+MODES = ("per tensor", "batched")
 
 
 def parse() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--numel", type=float, nargs="+", default=[1e9, 4e9])
+    parser.add_argument("--numel", type=float, nargs="*", default=[1e9, 4e9])
     parser.add_argument("--tensor-numel", type=float, default=2**29)
+    parser.add_argument("--model", choices=["qwen3-4b"], default=None,
+                        help="also run over this model's tensor shapes")
     parser.add_argument("--lr", type=float, default=3e-6)
     parser.add_argument("--weight-decay", type=float, default=0.003)
     parser.add_argument("--warmup", type=int, default=3)
@@ -88,13 +100,26 @@ def copy_bandwidth(numel: int, args) -> float:
     return best
 
 
-def trajectory(numel: int, args):
+def split(numel: int, args) -> list[tuple[int, bool]]:
+    """``numel`` elements in tensors of ``--tensor-numel``: (size, is a norm) each."""
+    size = int(args.tensor_numel)
+    return [(min(size, numel - s), False) for s in range(0, numel, size)]
+
+
+def model_tensors(name: str) -> list[tuple[int, bool]]:
+    """The weights of ``name`` (bench_sync's shape): (size, is a norm) each."""
+    from dte_codec.layouts import ModelConfig, canonical_tensors
+
+    specs = canonical_tensors(ModelConfig(**QWEN3_4B, tie_word_embeddings=True))
+    return [(torch.Size(spec.shape).numel(), len(spec.shape) == 1) for spec in specs.values()]
+
+
+def trajectory(tensors: list[tuple[int, bool]], args):
     """Optimizer states after the second step, the bf16 weights before it, the truth."""
     gen = torch.Generator(device="cuda").manual_seed(0)
-    size = int(args.tensor_numel)
-    params = [torch.nn.Parameter(torch.randn(min(size, numel - s), device="cuda",
-                                             generator=gen).mul_(0.02))
-              for s in range(0, numel, size)]
+    params = [torch.nn.Parameter(torch.ones(n, device="cuda") if norm else
+                                 torch.randn(n, device="cuda", generator=gen).mul_(0.02))
+              for n, norm in tensors]
     optimizer = torch.optim.AdamW(params, lr=args.lr, weight_decay=args.weight_decay,
                                   fused=True)
     for step in range(2):
@@ -110,10 +135,17 @@ def trajectory(numel: int, args):
     return states, old, truth
 
 
-def invert_all(states) -> list[ChangeSet]:
+def invert_each(states) -> list[ChangeSet]:
     return [invert_adamw(str(i), s.param, s.exp_avg, s.exp_avg_sq, s.hyper,
                          previous_step=s.hyper.step - 1, dtype=torch.bfloat16)
             for i, s in enumerate(states)]
+
+
+def invert_batched(states) -> list[ChangeSet]:
+    return invert_adamw_all([Inversion(name=str(i), master=s.param, exp_avg=s.exp_avg,
+                                       exp_avg_sq=s.exp_avg_sq, hyper=s.hyper,
+                                       previous_step=s.hyper.step - 1, dtype=torch.bfloat16)
+                             for i, s in enumerate(states)])
 
 
 def missed(truth: list[ChangeSet], found: list[ChangeSet]) -> int:
@@ -128,10 +160,11 @@ def same(a: list[ChangeSet], b: list[ChangeSet]) -> bool:
 
 
 class CastRun:
-    """``record_and_copy`` over every tensor, from the old weights each time."""
+    """``record_and_copy`` over every tensor (or ``record_and_copy_all``), from the old
+    weights each time."""
 
-    def __init__(self, states, old) -> None:
-        self.states, self.old = states, old
+    def __init__(self, states, old, *, batched: bool) -> None:
+        self.states, self.old, self.batched = states, old, batched
         self.models = [o.clone() for o in old]
         self.detector = CastDetector()
 
@@ -141,48 +174,64 @@ class CastRun:
         self.detector.clear()
 
     def __call__(self) -> None:
-        for i, (s, model) in enumerate(zip(self.states, self.models)):
-            self.detector.record_and_copy(str(i), s.param.detach(), model)
+        pairs = {str(i): (s.param.detach(), model)
+                 for i, (s, model) in enumerate(zip(self.states, self.models))}
+        if self.batched:
+            self.detector.record_and_copy_all(pairs)
+        else:
+            for name, (master, model) in pairs.items():
+                self.detector.record_and_copy(name, master, model)
 
     def changes(self) -> list[ChangeSet]:
         return [self.detector.changes(str(i), m) for i, m in enumerate(self.models)]
 
+    def model_bits(self) -> list[torch.Tensor]:
+        return [m.view(torch.int16).clone() for m in self.models]
 
-def measure(numel: int, args) -> dict:
+
+def measure(label: str, tensors: list[tuple[int, bool]], args) -> dict:
+    numel = sum(n for n, _ in tensors)
     bandwidth = copy_bandwidth(numel, args)
-    states, old, truth = trajectory(numel, args)
-    row = {"numel": numel, "copy_tb_s": bandwidth / 1e9,
-           "changed_pct": 100 * sum(len(t) for t in truth) / numel}
-    kernel = invert_all(states)
+    states, old, truth = trajectory(tensors, args)
+    row = {"label": label, "numel": numel, "tensors": len(tensors),
+           "copy_tb_s": bandwidth / 1e9, "changed_pct": 100 * sum(len(t) for t in truth) / numel}
     with reference():
-        ref = invert_all(states)
-        row["inversion_ref_ms"] = median_ms(lambda: invert_all(states), reps=args.reference_reps,
-                                            warmup=1)
-    row["inversion_ms"] = median_ms(lambda: invert_all(states), reps=args.reps,
-                                    warmup=args.warmup)
-    row.update(inversion_missed=missed(truth, kernel), inversion_same=same(kernel, ref),
-               inversion_reported=sum(len(k) for k in kernel))
+        ref = invert_each(states)
+        row["inversion_ref_ms"] = median_ms(lambda: invert_each(states),
+                                            reps=args.reference_reps, warmup=1)
+    for mode, run in zip(MODES, (invert_each, invert_batched)):
+        found = run(states)
+        row[f"inversion {mode}"] = {
+            "ms": median_ms(lambda: run(states), reps=args.reps, warmup=args.warmup),
+            "missed": missed(truth, found), "same": same(found, ref),
+            "reported": sum(len(f) for f in found)}
+        del found
     del ref
-    cast = CastRun(states, old)
-    row["cast_ms"] = median_ms(cast, reps=args.reps, warmup=args.warmup, reset=cast.reset)
-    kernel, kernel_models = cast.changes(), [m.clone() for m in cast.models]
+    reference_run = CastRun(states, old, batched=False)
     with reference():
-        row["cast_ref_ms"] = median_ms(cast, reps=args.reference_reps, warmup=1,
-                                       reset=cast.reset)
-        ref = cast.changes()
-    row.update(cast_missed=missed(truth, kernel), cast_extra=sum(len(k) for k in kernel)
-               - sum(len(t) for t in truth), cast_same=same(kernel, ref)
-               and all(torch.equal(a.view(torch.int16), b.view(torch.int16))
-                       for a, b in zip(kernel_models, cast.models)))
-    if args.profile:
-        row["profile"] = profile(states, cast)
+        row["cast_ref_ms"] = median_ms(reference_run, reps=args.reference_reps, warmup=1,
+                                       reset=reference_run.reset)
+    ref, ref_bits = reference_run.changes(), reference_run.model_bits()
+    del reference_run
+    for mode in MODES:
+        cast = CastRun(states, old, batched=mode == "batched")
+        ms = median_ms(cast, reps=args.reps, warmup=args.warmup, reset=cast.reset)
+        found = cast.changes()
+        row[f"cast {mode}"] = {
+            "ms": ms, "missed": missed(truth, found),
+            "extra": sum(len(k) for k in found) - sum(len(t) for t in truth),
+            "same": same(found, ref) and all(torch.equal(a, b) for a, b in
+                                             zip(cast.model_bits(), ref_bits))}
+        if args.profile and mode == "batched":
+            row["profile"] = profile(states, cast)
+        del cast, found
     return row
 
 
 def profile(states, cast: CastRun) -> str:
     cast.reset()
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        invert_all(states)
+        invert_batched(states)
         cast()
         torch.cuda.synchronize()
     return prof.key_averages().table(sort_by="cuda_time_total", row_limit=12)
@@ -191,15 +240,18 @@ def profile(states, cast: CastRun) -> str:
 def markdown(row: dict, meta: dict) -> list[str]:
     lines = []
     for what, minimal in (("inversion", INVERSION_BYTES), ("cast", CAST_BYTES)):
-        ms = row[f"{what}_ms"]
-        tb_s = minimal * row["numel"] / ms / 1e9
-        extra = f" (+{row['cast_extra']} extra)" if what == "cast" else ""
-        lines.append(
-            f"| {meta['date']} | `{meta['sha']}` | {meta['machine']} | `{meta['command']}` "
-            f"| {what} | {row['numel']:.2g} | {row['changed_pct']:.2f} | {row['copy_tb_s']:.2f} "
-            f"| {ms:.2f} | {tb_s:.2f} | {tb_s / row['copy_tb_s']:.0%} "
-            f"| {row[f'{what}_ref_ms']:.1f} | {row[f'{what}_ref_ms'] / ms:.1f}x "
-            f"| {row[f'{what}_missed']}{extra} | {'yes' if row[f'{what}_same'] else 'NO'} |")
+        for mode in MODES:
+            result = row[f"{what} {mode}"]
+            ms = result["ms"]
+            tb_s = minimal * row["numel"] / ms / 1e9
+            extra = f" (+{result['extra']} extra)" if what == "cast" else ""
+            lines.append(
+                f"| {meta['date']} | `{meta['sha']}` | {meta['machine']} | `{meta['command']}` "
+                f"| {row['label']} | {row['tensors']} | {what} | {mode} | {row['numel']:.3g} "
+                f"| {row['changed_pct']:.2f} | {row['copy_tb_s']:.2f} | {ms:.2f} | {tb_s:.2f} "
+                f"| {tb_s / row['copy_tb_s']:.0%} | {row[f'{what}_ref_ms']:.1f} "
+                f"| {row[f'{what}_ref_ms'] / ms:.1f}x | {result['missed']}{extra} "
+                f"| {'yes' if result['same'] else 'NO'} |")
     return lines
 
 
@@ -208,9 +260,13 @@ def main() -> int:
     meta = {"date": datetime.date.today().isoformat(), "sha": args.sha or git_sha(),
             "machine": machine("cuda"),
             "command": "python3 tools/gpu/bench_kernels.py " + " ".join(sys.argv[1:])}
+    runs = [(f"{numel:.0e} in {args.tensor_numel:.3g}", split(int(numel), args))
+            for numel in args.numel]
+    if args.model:
+        runs.append((args.model, model_tensors(args.model)))
     rows = []
-    for numel in args.numel:
-        rows.append(measure(int(numel), args))
+    for label, tensors in runs:
+        rows.append(measure(label, tensors, args))
         torch.cuda.empty_cache()
         print(json.dumps({k: v for k, v in rows[-1].items() if k != "profile"}), flush=True)
         if args.profile:
@@ -218,12 +274,14 @@ def main() -> int:
     if args.out:
         with open(args.out, "w") as f:
             json.dump({"meta": meta, "rows": rows}, f, indent=1)
-    print("| date | sha | machine | command | kernel | numel | changed % | copy TB/s | ms "
-          "| TB/s over minimal bytes | of copy | torch ms | speed-up | missed | == reference |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("| date | sha | machine | command | tensors | count | kernel | mode | numel "
+          "| changed % | copy TB/s | ms | TB/s over minimal bytes | of copy | torch ms "
+          "| speed-up | missed | == reference |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for row in rows:
         print("\n".join(markdown(row, meta)))
-    bad = any(r["inversion_missed"] or r["cast_missed"] for r in rows)
+    bad = any(row[f"{what} {mode}"]["missed"] or not row[f"{what} {mode}"]["same"]
+              for row in rows for what in ("inversion", "cast") for mode in MODES)
     return 1 if bad else 0
 
 

@@ -138,8 +138,8 @@ def codec_timing(numel: int, gen: torch.Generator) -> dict:
     _, t_apply = cuda_ms(lambda: apply_(target, payload))
     assert torch.equal(target["w"].view(torch.int16), new.view(torch.int16))
     _, t_copy = cuda_ms(lambda: target["w"].copy_(new))
-    return {"numel": numel, "changed": len(change), "payload_bytes": len(data),
-            "bytes_per_changed": len(data) / len(change), "encode_ms": t_enc,
+    return {"numel": numel, "changed": len(change), "payload_bytes": data.nbytes,
+            "bytes_per_changed": data.nbytes / len(change), "encode_ms": t_enc,
             "decode_ms": t_dec, "apply_ms": t_apply, "dense_copy_ms": t_copy}
 
 

@@ -128,7 +128,8 @@ class Trainer:
         return {name: p.detach().to(torch.bfloat16) for name, p in self.masters.items()}
 
     def full(self, version: int) -> bytes:
-        return encode_full(self.weights, stream_id=self.stream_id, version=version)
+        """The full payload's bytes, as an update request carries them."""
+        return bytes(encode_full(self.weights, stream_id=self.stream_id, version=version))
 
     def step(self) -> None:
         """One AdamW step on random gradients; ``changes`` are those of the bf16 weights."""
@@ -139,9 +140,10 @@ class Trainer:
         self.changes = {name: diff(old[name], new) for name, new in self.weights.items()}
 
     def delta(self, *, base: int, version: int, stream_id: str | None = None) -> bytes:
-        """The last step as a delta (from another stream with ``stream_id``)."""
-        return encode_delta(self.weights, self.changes, stream_id=stream_id or self.stream_id,
-                            base_version=base, version=version)
+        """The last step as a delta's bytes (from another stream with ``stream_id``)."""
+        return bytes(encode_delta(self.weights, self.changes,
+                                  stream_id=stream_id or self.stream_id, base_version=base,
+                                  version=version))
 
 
 def assert_equals_full_load(hf_config, weights: dict[str, torch.Tensor],

@@ -46,7 +46,7 @@ class LossyLink:
         self.link, self.losses = link, dict(losses)
 
     def send(self, data):
-        version = Header.unpack(memoryview(data))[0].payload_version
+        version = Header.unpack(memoryview(bytes(data)))[0].payload_version
         if self.losses.get(version, 0):
             self.losses[version] -= 1
             raise LinkError(f"v{version} lost")

@@ -9,8 +9,9 @@ import torch
 from dte_codec.region import Box
 from dte_codec import CodecError, Payload, decode, encode_delta, encode_full
 from dte_codec.errors import DigestError, EntryError, HeaderError
-from dte_codec.header import (DIGEST_OFFSET, Entry, Header, IndexEncoding, Kind, ValueEncoding,
-                              align, payload_digest)
+from dte_codec.header import (BODY_DIGEST_OFFSET, DIGEST_OFFSET, Entry, Header, IndexEncoding,
+                              Kind, ValueEncoding, align, header_digest)
+from forge import redigest
 from dte_detector import ChangeSet, diff
 
 
@@ -25,9 +26,7 @@ def _forge(entries: tuple[Entry, ...], sections: list[bytes]) -> bytes:
     header = Header(stream_id="s", kind=Kind.DELTA, base_version=0, payload_version=1,
                     entries=entries)
     body = b"".join(s.ljust(align(len(s)), b"\0") for s in sections)
-    data = bytearray(header.pack() + body)
-    struct.pack_into("<Q", data, DIGEST_OFFSET, payload_digest(data))
-    return bytes(data)
+    return redigest(header.pack() + body)
 
 
 def test_full_payload_sections():
@@ -57,8 +56,10 @@ def test_delta_payload_indices():
 
 @pytest.mark.parametrize("wrap", [bytes, bytearray, memoryview], ids=lambda w: w.__name__)
 def test_accepts_bytes_like(wrap):
-    """``decode`` reads bytes, bytearray and memoryview alike."""
-    data = encode_full(_weights(), stream_id="s", version=1)
+    """``decode`` reads frames, bytes, bytearray and memoryview alike."""
+    frame = encode_full(_weights(), stream_id="s", version=1)
+    data = bytes(frame)
+    assert decode(frame).header == decode(data).header
     assert decode(data).header == decode(wrap(data)).header
 
 
@@ -72,19 +73,31 @@ def test_empty_bytes():
     """No bytes at all is a truncated prelude."""
     with pytest.raises(HeaderError) as info:
         decode(b"")
-    assert "prelude: expected 50 bytes at offset 0, got 0 bytes in all" == str(info.value)
+    assert "prelude: expected 58 bytes at offset 0, got 0 bytes in all" == str(info.value)
 
 
 def test_corrupted_body_byte():
-    """One flipped body byte is caught by the digest."""
-    data = bytearray(encode_full(_weights(), stream_id="s", version=1))
-    stored = int.from_bytes(data[DIGEST_OFFSET:DIGEST_OFFSET + 8], "little")
+    """One flipped body byte is caught by the body digest."""
+    data = bytearray(bytes(encode_full(_weights(), stream_id="s", version=1)))
+    stored = int.from_bytes(data[BODY_DIGEST_OFFSET:BODY_DIGEST_OFFSET + 8], "little")
     data[-20] ^= 0x10
     with pytest.raises(DigestError) as info:
         decode(bytes(data))
-    assert (f"digest: expected {payload_digest(data):#018x}, got {stored:#018x}"
-            == str(info.value))
+    got = int.from_bytes(redigest(data)[BODY_DIGEST_OFFSET:BODY_DIGEST_OFFSET + 8], "little")
+    assert f"body_digest: expected {stored:#018x}, got {got:#018x}" == str(info.value)
     assert isinstance(info.value, (CodecError, ValueError))
+
+
+def test_corrupted_header_byte():
+    """One flipped header byte (here the body digest itself) is caught by the header
+    digest."""
+    data = bytearray(bytes(encode_full(_weights(), stream_id="s", version=1)))
+    stored = int.from_bytes(data[DIGEST_OFFSET:DIGEST_OFFSET + 8], "little")
+    data[BODY_DIGEST_OFFSET] ^= 0x01
+    with pytest.raises(DigestError) as info:
+        decode(bytes(data))
+    assert (f"digest: expected {header_digest(data):#018x}, got {stored:#018x}"
+            == str(info.value))
 
 
 def test_rejects_invalid_indices():

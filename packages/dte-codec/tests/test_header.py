@@ -8,12 +8,13 @@ import pytest
 import torch
 from dte_codec import Kind, decode, encode_delta, encode_full
 from dte_codec.errors import DigestError, HeaderError
-from dte_codec.header import (ALIGNMENT, CODEC_VERSION, DIGEST_OFFSET, MAGIC, NO_BASE, Entry,
-                              Header, IndexEncoding, ValueEncoding, align, index_itemsize,
-                              payload_digest)
+from dte_codec.header import (ALIGNMENT, BODY_DIGEST_OFFSET, CODEC_VERSION, DIGEST_OFFSET, MAGIC,
+                              NO_BASE, Entry, Header, IndexEncoding, ValueEncoding, align,
+                              header_digest, index_itemsize)
+from forge import redigest
 from dte_detector import ChangeSet
 
-PRELUDE = struct.Struct("<4sHBBIIqqQQH")
+PRELUDE = struct.Struct("<4sHBBIIqqQQHQ")
 """The prelude as FORMAT.md lays it out, written here independently of header.py."""
 ENTRY = struct.Struct("<BBBBBBHQQQ")
 BF16, FP32, INT8 = 1, 3, 5
@@ -38,11 +39,9 @@ def _forge(entries: bytes = b"", *, n_entries: int = 0, stream: bytes = b"s", bo
     length = size if length is None else length
     prelude = PRELUDE.pack(magic, version, kind, reserved, length, n_entries, base, payload,
                            body if body_length is None else body_length, 0,
-                           len(stream) if stream_length is None else stream_length)
-    data = bytearray((prelude + stream + entries).ljust(align(size), b"\0") + bytes(body))
-    if digest:
-        struct.pack_into("<Q", data, DIGEST_OFFSET, payload_digest(data))
-    return bytes(data)
+                           len(stream) if stream_length is None else stream_length, 0)
+    data = (prelude + stream + entries).ljust(align(size), b"\0") + bytes(body)
+    return redigest(data) if digest else data
 
 
 def _message(data: bytes, error: type = HeaderError) -> str:
@@ -58,9 +57,7 @@ def _header(*entries: Entry, kind: Kind = Kind.DELTA, base: int = 1,
 
 
 def _with_body(header: Header) -> bytes:
-    data = bytearray(header.pack() + bytes(header.body_size()))
-    struct.pack_into("<Q", data, DIGEST_OFFSET, payload_digest(data))
-    return bytes(data)
+    return redigest(header.pack() + bytes(header.body_size()))
 
 
 SPARSE = Entry(name="w", dtype=torch.bfloat16, shape=(4, 8), count=3,
@@ -88,10 +85,11 @@ def test_pack_unpack_round_trip():
 
 
 def test_pack_pads_to_alignment_with_zero_digest():
-    """``pack`` leaves the digest field zero and pads the header to a multiple of 8."""
+    """``pack`` leaves both digest fields zero and pads the header to a multiple of 8."""
     packed = _header(SPARSE).pack()
     assert 0 == len(packed) % ALIGNMENT
     assert bytes(8) == packed[DIGEST_OFFSET:DIGEST_OFFSET + 8]
+    assert bytes(8) == packed[BODY_DIGEST_OFFSET:BODY_DIGEST_OFFSET + 8]
 
 
 def test_body_size_sums_aligned_sections():
@@ -106,36 +104,41 @@ def test_index_itemsize_switches_at_2_31():
     assert (4, 8) == (index_itemsize(2**31 - 1), index_itemsize(2**31))
 
 
-def test_payload_digest_ignores_its_own_field():
-    """The digest covers every byte except its own 8-byte field."""
+def test_header_digest_ignores_its_own_field():
+    """The header digest covers every header byte (the body digest and the padding too)
+    except its own 8-byte field, and no body byte."""
     data = bytearray(_with_body(_header(SPARSE)))
-    digest = payload_digest(data)
+    digest = header_digest(data)
     data[DIGEST_OFFSET:DIGEST_OFFSET + 8] = b"\xff" * 8
-    assert digest == payload_digest(data)
     data[-1] ^= 1
-    assert digest != payload_digest(data)
+    assert digest == header_digest(data)
+    data[BODY_DIGEST_OFFSET] ^= 1
+    assert digest != header_digest(data)
+    data[BODY_DIGEST_OFFSET] ^= 1
+    data[len(_header(SPARSE).pack()) - 1] ^= 1
+    assert digest != header_digest(data)
 
 
 @pytest.mark.parametrize(("data", "message"), [
-    (b"", "prelude: expected 50 bytes at offset 0, got 0 bytes in all"),
-    (b"DTEP" + bytes(40), "prelude: expected 50 bytes at offset 0, got 44 bytes in all"),
+    (b"", "prelude: expected 58 bytes at offset 0, got 0 bytes in all"),
+    (b"DTEP" + bytes(52), "prelude: expected 58 bytes at offset 0, got 56 bytes in all"),
     (_forge(magic=b"PETD"), "magic: expected b'DTEP', got b'PETD'"),
-    (_forge(version=2), "codec_version: expected 1, got 2"),
+    (_forge(version=1), "codec_version: expected 2, got 1"),
     (_forge(reserved=1), "reserved: expected 0, got 1"),
-    (_forge(length=49), "header_length: expected 50..56, got 49"),
-    (_forge(length=57), "header_length: expected 50..56, got 57"),
-    (_forge(body_length=8), "payload size: expected 64 bytes (header + body), got 56"),
-    (_forge(body=8, body_length=0), "payload size: expected 56 bytes (header + body), got 64"),
+    (_forge(length=57), "header_length: expected 58..64, got 57"),
+    (_forge(length=65), "header_length: expected 58..64, got 65"),
+    (_forge(body_length=8), "payload size: expected 72 bytes (header + body), got 64"),
+    (_forge(body=8, body_length=0), "payload size: expected 64 bytes (header + body), got 72"),
     (_forge(kind=2), "kind: expected one of [0, 1], got 2"),
     (_forge(stream=b"\xff"), "stream_id: expected UTF-8 text, got b'\\xff'"),
-    (_forge(stream_length=2), "stream_id: expected 2 bytes at offset 50, got 51 bytes in all"),
-    (_forge(length=56), "header_length: expected 51, got 56"),
-    (_forge(n_entries=1), "entry name length: expected 2 bytes at offset 51, got 51 bytes in all"),
+    (_forge(stream_length=2), "stream_id: expected 2 bytes at offset 58, got 59 bytes in all"),
+    (_forge(length=64), "header_length: expected 59, got 64"),
+    (_forge(n_entries=1), "entry name length: expected 2 bytes at offset 59, got 59 bytes in all"),
     (_forge(b"\x05\x00ab", n_entries=1),
-     "entry name: expected 5 bytes at offset 53, got 55 bytes in all"),
+     "entry name: expected 5 bytes at offset 61, got 63 bytes in all"),
     (_forge(b"\x02\x00\xc3(", n_entries=1), "entry name: expected UTF-8 text, got b'\\xc3('"),
     (_forge(b"\x01\x00w" + bytes(31), n_entries=1),
-     "entry fields: expected 32 bytes at offset 54, got 85 bytes in all"),
+     "entry fields: expected 32 bytes at offset 62, got 93 bytes in all"),
     (_forge(_entry_bytes(b"w", 11, (2,), 2), n_entries=1, body=8),
      "tensor 'w': dtype: expected one of [1, 2, 3, 4, 5, 6, 7, 8, 9, 10], got 11"),
     (_forge(_entry_bytes(b"w", 0, (2,), 2), n_entries=1, body=8),
@@ -145,7 +148,7 @@ def test_payload_digest_ignores_its_own_field():
     (_forge(_entry_bytes(b"w", FP32, (1,) * 17, 1), n_entries=1, body=8),
      "tensor 'w': ndim: expected <= 16, got 17"),
     (_forge(_entry_bytes(b"w", FP32, (2,), 2, ndim=2), n_entries=1, body=8),
-     "shape: expected 8 bytes at offset 94, got 94 bytes in all"),
+     "shape: expected 8 bytes at offset 102, got 102 bytes in all"),
     (_forge(_entry_bytes(b"w", FP32, (2**62,), 1), n_entries=1),
      "tensor 'w': shape: expected dimensions < 2**62, got (4611686018427387904,)"),
     (_forge(_entry_bytes(b"w", FP32, (2,), 2, index=7), n_entries=1, body=8),
@@ -164,19 +167,19 @@ def test_unpack_rejects(data, message):
 
 
 def test_unpack_rejects_wrong_digest():
-    """A body byte changed after the digest was computed raises ``DigestError``."""
+    """A header byte changed after the digest was computed raises ``DigestError``."""
     data = bytearray(_forge(body=8))
-    expected = payload_digest(data)
+    expected = header_digest(data)
     stored = int.from_bytes(data[DIGEST_OFFSET:DIGEST_OFFSET + 8], "little")
-    data[-1] = 1
-    assert (f"digest: expected {payload_digest(data):#018x}, got {stored:#018x}"
+    data[PRELUDE.size] = ord("t")  # the stream id
+    assert (f"digest: expected {header_digest(data):#018x}, got {stored:#018x}"
             == _message(bytes(data), DigestError))
     assert expected == stored
 
 
 def test_size_checks_precede_digest():
     """A truncated payload fails on its size before its digest is computed."""
-    assert "payload size: expected 64 bytes (header + body), got 63" == _message(
+    assert "payload size: expected 72 bytes (header + body), got 71" == _message(
         _forge(body=8, digest=False)[:-1])
 
 
@@ -253,10 +256,12 @@ def test_header_error_carries_fields():
 
 
 GOLDEN_FULL = bytes.fromhex(
-    # prelude: magic, codec version 1, kind FULL, reserved, header length 137, 2 entries
-    "44544550" "0100" "00" "00" "89000000" "02000000"
-    # base version -1, payload version 3, body length 16, digest (xxh3-64), stream length 1
-    "ffffffffffffffff" "0300000000000000" "1000000000000000" "4d260c78d42219e2" "0100"
+    # prelude: magic, codec version 2, kind FULL, reserved, header length 145, 2 entries
+    "44544550" "0200" "00" "00" "91000000" "02000000"
+    # base version -1, payload version 3, body length 16, header digest (xxh3-64),
+    # stream length 1, body digest (keyed multilinear, FORMAT.md section 3)
+    "ffffffffffffffff" "0300000000000000" "1000000000000000" "26d7c6ccfb3fe34c" "0100"
+    "80fc80f8019e6111"
     "73"  # stream id "s"
     # entry "w": dtype 1 (bf16), ndim 1, DENSE, RAW, widths 0, reserved, count 3, escapes 0
     "0100" "77" "01" "01" "00" "00" "00" "00" "0000" "0300000000000000"
@@ -264,18 +269,20 @@ GOLDEN_FULL = bytes.fromhex(
     # entry "b": dtype 3 (fp32), ndim 1, DENSE, RAW, count 1, shape (1,)
     "0100" "62" "03" "01" "00" "00" "00" "00" "0000" "0100000000000000"
     "0000000000000000" "0000000000000000" "0100000000000000"
-    "00000000000000"  # header padding to 144
+    "00000000000000"  # header padding to 152
     "803f00c0003f" "0000"  # body: bf16 [1.0, -2.0, 0.5], padded to 8
     "0000803e" "00000000"  # fp32 [0.25], padded to 8
 )
 GOLDEN_DELTA = bytes.fromhex(
-    # prelude: kind DELTA, header length 94, 1 entry, base 3, payload 4, body 16
-    "44544550" "0100" "01" "00" "5e000000" "01000000"
-    "0300000000000000" "0400000000000000" "1000000000000000" "9c2dc523ff44c308" "0100" "73"
+    # prelude: kind DELTA, header length 102, 1 entry, base 3, payload 4, body 16
+    "44544550" "0200" "01" "00" "66000000" "01000000"
+    "0300000000000000" "0400000000000000" "1000000000000000" "bb5280f277e2f353" "0100"
+    "02000000786deed8"  # body digest: 2 * k_0, the body's only nonzero word being 2
+    "73"
     # entry "w": bf16, ndim 1, GAP8, RESIDUE, index width 0, value width 1, count 1
     "0100" "77" "01" "01" "04" "01" "00" "01" "0000" "0100000000000000"
     "0000000000000000" "0000000000000000" "0300000000000000"
-    "0000"  # header padding to 96
+    "0000"  # header padding to 104
     "02" "00000000000000"  # GAP8 gaps: index 1 is gap 2 from -1
     # (empty GAP8 escape list, empty residue escape positions and values)
     "00" "00000000000000"  # residue field: low bit of key(0xc001) = 0x3ffe
@@ -296,14 +303,14 @@ def test_golden_full_bytes():
     """A small full payload has exactly the pinned bytes: any layout change fails here
     (and must bump ``CODEC_VERSION``)."""
     base, _, _ = _golden_inputs()
-    assert GOLDEN_FULL.hex() == encode_full(base, stream_id="s", version=3).hex()
+    assert GOLDEN_FULL.hex() == bytes(encode_full(base, stream_id="s", version=3)).hex()
 
 
 def test_golden_delta_bytes():
     """A small delta payload has exactly the pinned bytes and decodes to its content."""
     _, new, changes = _golden_inputs()
     data = encode_delta(new, changes, stream_id="s", base_version=3, version=4)
-    assert GOLDEN_DELTA.hex() == data.hex()
+    assert GOLDEN_DELTA.hex() == bytes(data).hex()
     payload = decode(GOLDEN_DELTA)
     assert [1] == payload.indices[0].tolist()
     assert Entry(name="w", dtype=torch.bfloat16, shape=(3,), count=1,

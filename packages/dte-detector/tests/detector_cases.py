@@ -162,3 +162,14 @@ def bits_of(values: torch.Tensor) -> list[int]:
     """Bit patterns as Python ints, for readable bitwise equality asserts."""
     ints = {16: torch.int16, 32: torch.int32, 64: torch.int64}[width(values.dtype)]
     return values.reshape(-1).view(ints).tolist()
+
+
+def record_all(detector, pairs: dict, *, copy: bool) -> None:
+    """One trainer step of a ``CastDetector`` over ``name: (master, model)``: the fused
+    ``record_and_copy_all``, or ``record_all`` then the copies."""
+    if copy:
+        detector.record_and_copy_all(pairs)
+    else:
+        detector.record_all(pairs)
+        for master, model in pairs.values():
+            model.copy_(master)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from detector_cases import adamw_cases, bits_of, run_case
+from detector_cases import adamw_cases, bits_of, record_all, run_case
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -200,3 +200,34 @@ def test_cast_detector_accumulates_over_adamw_steps(case, clear_after):
         detector.clear()
         models = [model.clone()]
     _assert_accumulated(models, detector.changes("w", model))
+
+
+@pytest.mark.parametrize("copy", [True, False])
+def test_recording_all_is_recording_each(copy):
+    """``record_and_copy_all`` (or ``record_all``) over several tensors gives each the
+    dirty map, change set and model bits of ``record_and_copy`` (``record``) tensor by
+    tensor, over two steps; a mapping of masters in fp32 and models in bf16, fp16, fp32."""
+    gen = torch.Generator().manual_seed(4)
+    dtypes = {"a": torch.bfloat16, "b": torch.float16, "c": torch.float32, "d": torch.bfloat16}
+    sizes = {"a": 1000, "b": 17, "c": 9, "d": 0}
+    masters = [{n: torch.randn(size, generator=gen) * 0.02 for n, size in sizes.items()}]
+    masters.append({n: m + torch.randn(m.shape, generator=gen) * 1e-3 for n, m in
+                    masters[0].items()})
+
+    def models() -> dict[str, torch.Tensor]:
+        return {n: torch.zeros(size, dtype=dtypes[n]) for n, size in sizes.items()}
+
+    each, each_models = CastDetector(), models()
+    every, every_models = CastDetector(), models()
+    for step in masters:
+        for name, master in step.items():
+            if copy:
+                each.record_and_copy(name, master, each_models[name])
+            else:
+                _sync_step(each, name, master, each_models[name])
+        record_all(every, {name: (master, every_models[name]) for name, master in step.items()},
+                   copy=copy)
+    for name in sizes:
+        assert bits_of(each_models[name]) == bits_of(every_models[name])
+        _assert_same(each.changes(name, each_models[name]), every.changes(name, every_models[name]))
+    assert 1000 == len(every.changes("a", every_models["a"]))

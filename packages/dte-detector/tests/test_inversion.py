@@ -12,7 +12,8 @@ from detector_cases import (AdamWCase, adamw_cases, bits_of, midpoint_cases, mid
 from dte_codec.bits import order_keys
 from hypothesis import example, given
 
-from dte_detector import AdamWStep, ChangeSet, diff, invert_adamw, torch_adamw_states
+from dte_detector import (AdamWStep, ChangeSet, Inversion, diff, invert_adamw, invert_adamw_all,
+                          torch_adamw_states)
 from dte_detector.changes import int_bits, unknown_bounds
 from dte_detector.errors import PrecisionError, StepGapError
 from dte_detector.inversion import CHUNK, GUARD_ULPS
@@ -280,3 +281,48 @@ def test_default_guard_is_at_least_the_derived_bound():
     """The default guard width covers the 12 unit roundoffs derived in the docstring."""
     assert 12 <= GUARD_ULPS
     assert math.isclose(16.0, GUARD_ULPS)
+
+
+def _inversion(name: str, values: list[float], *, step: int = 3, previous: int = 2,
+               dtype: torch.dtype = torch.bfloat16) -> Inversion:
+    master, m, v = _state(values, [1e-2] * len(values), [1e-4] * len(values))
+    return Inversion(name=name, master=master, exp_avg=m, exp_avg_sq=v,
+                     hyper=AdamWStep(lr=1e-2, weight_decay=0.1, step=step),
+                     previous_step=previous, dtype=dtype)
+
+
+def test_inverting_all_is_inverting_each():
+    """``invert_adamw_all`` gives each tensor's ``invert_adamw`` result, in order: mixed
+    payload dtypes, a skipped tensor and an empty one included."""
+    inversions = [_inversion("a", [0.5, -1.0, 3.0]),
+                  _inversion("b", [1.0, 2.0], dtype=torch.float16),
+                  _inversion("c", [1.0, 2.0], step=2),
+                  _inversion("d", [], dtype=torch.float32)]
+    expected = [invert_adamw(i.name, i.master, i.exp_avg, i.exp_avg_sq, i.hyper,
+                             previous_step=i.previous_step, dtype=i.dtype) for i in inversions]
+    actual = invert_adamw_all(inversions)
+    assert len(expected) == len(actual)
+    for e, a in zip(expected, actual):
+        assert e.indices.tolist() == a.indices.tolist()
+        assert bits_of(e.base_low) == bits_of(a.base_low)
+        assert bits_of(e.base_high) == bits_of(a.base_high)
+    assert [1, 2, 0, 0] == [len(a) for a in actual]
+
+
+@pytest.mark.parametrize("bad", ["precision", "gap"])
+def test_inverting_all_checks_every_tensor_first(monkeypatch, bad):
+    """A bad tensor anywhere in the list raises its error naming it before any tensor is
+    inverted."""
+    from dte_detector import inversion
+
+    inverted = []
+    monkeypatch.setattr(inversion, "_invert_reference",
+                        lambda *args: inverted.append(args) or ChangeSet.empty(args[0]))
+    last = _inversion("layers.9.w", [1.0], step=4 if bad == "gap" else 3)
+    if bad == "precision":
+        last = attrs.evolve(last, exp_avg=last.exp_avg.double())
+    error = StepGapError if bad == "gap" else PrecisionError
+    with pytest.raises(error) as info:
+        invert_adamw_all([_inversion("a", [1.0]), last])
+    assert "layers.9.w" == info.value.tensor
+    assert [] == inverted

@@ -12,11 +12,13 @@ import importlib.util
 
 import pytest
 import torch
-from detector_cases import adamw_cases, bits_of, midpoint_cases, midpoints, run_case
+from detector_cases import (adamw_cases, bits_of, midpoint_cases, midpoints, record_all,
+                            run_case)
 from hypothesis import given
 from hypothesis import strategies as st
 
-from dte_detector import AdamWStep, CastDetector, ChangeSet, diff, invert_adamw
+from dte_detector import (AdamWStep, CastDetector, ChangeSet, Inversion, diff, invert_adamw,
+                          invert_adamw_all)
 from dte_detector import torch_adamw_states
 from dte_detector.dispatch import reference
 
@@ -199,11 +201,10 @@ def test_cast_kernel_is_record_then_copy(count, seed, steps, dtype, copy):
 
 
 @pytest.mark.parametrize("slab_fraction", [1, 4, 1024])
-def test_cast_kernel_hands_dense_tiles_to_the_reference(monkeypatch, slab_fraction):
+def test_cast_kernel_redoes_dense_tiles(monkeypatch, slab_fraction):
     """Slabs that hold a whole tile, the default quarter, or one pair (so that nearly
-    every tile is too dense and the torch reference completes the tensor after the
-    kernel): the same model bits and change set as the reference, covering the
-    snapshot diff."""
+    every tile is too dense and the dense pass does it again): the same model bits and
+    change set as the reference, covering the snapshot diff."""
     from dte_detector import cast_kernel
 
     monkeypatch.setattr(cast_kernel, "SLAB_FRACTION", slab_fraction)
@@ -212,3 +213,100 @@ def test_cast_kernel_hands_dense_tiles_to_the_reference(monkeypatch, slab_fracti
     actual_model, actual = _assert_cast_kernel_is_reference(masters, start, copy=True)
     truth = diff(start, actual_model)
     assert 0 == (~torch.isin(truth.indices, actual.indices)).sum().item()
+
+
+SIZES = (1, 7, 1023, 1024, 1025, 4096 + 3, 3 * 4096, 70001)
+"""Sizes around tile boundaries (1024 elements), a ragged tail, several hundred tiles."""
+
+
+def _unaligned(tensor: torch.Tensor) -> torch.Tensor:
+    """The same values in a view one element past a 16-byte boundary (as Megatron's shard
+    views of a bucket are): the kernels must not load it as aligned vectors."""
+    storage = torch.empty(tensor.numel() + 1, dtype=tensor.dtype, device=tensor.device)
+    storage[1:] = tensor.reshape(-1)
+    return storage[1:].view(tensor.shape)
+
+
+def _batch_states(seed: int):
+    """AdamW states of tensors of ``SIZES`` after two real steps, in two optimizers with
+    different lr and weight decay, half of them midpoints; the bf16 and fp16 weights
+    before the last step."""
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    params = []
+    for n in SIZES:
+        master = torch.randn(n, device="cuda", generator=gen) * 0.02
+        master[::2] = midpoints(master[::2].cpu(), torch.bfloat16).cuda()
+        params.append(torch.nn.Parameter(master))
+    optimizers = [torch.optim.AdamW(params[0::2], lr=3e-6, weight_decay=0.003, fused=True),
+                  torch.optim.AdamW(params[1::2], lr=1e-4, weight_decay=0.1, foreach=True)]
+    for step in range(2):
+        olds = [{d: p.detach().to(d) for d in HALF_DTYPES} for p in params]
+        for p in params:
+            p.grad = torch.randn(p.shape, device="cuda", generator=gen)
+        for optimizer in optimizers:
+            optimizer.step()
+    states = {id(s.param): s for opt in optimizers for s in torch_adamw_states(opt)}
+    return [states[id(p)] for p in params], olds
+
+
+@pytest.mark.parametrize("group_elements", [5000, 1 << 28])
+def test_batched_inversion_is_the_reference_per_tensor(monkeypatch, group_elements):
+    """``invert_adamw_all`` over tensors of many sizes, two steps' hyper-parameters, bf16
+    and fp16 payloads, aligned and unaligned tensors, in one group or in many (a host
+    synchronisation each, pipelined): each change set is the torch reference's bit for
+    bit and misses nothing of the snapshot diff."""
+    from dte_detector import batch
+
+    monkeypatch.setattr(batch, "GROUP_ELEMENTS", group_elements)
+    states, olds = _batch_states(seed=5)
+    inversions = []
+    for i, s in enumerate(states):
+        tensors = [s.param.detach(), s.exp_avg, s.exp_avg_sq]
+        if i % 3 == 1:
+            tensors = [_unaligned(t) for t in tensors]
+        inversions.append(Inversion(name=str(i), master=tensors[0], exp_avg=tensors[1],
+                                    exp_avg_sq=tensors[2], hyper=s.hyper,
+                                    previous_step=s.hyper.step - 1,
+                                    dtype=HALF_DTYPES[i % 2]))
+    with reference():
+        expected = invert_adamw_all(inversions)
+    actual = invert_adamw_all(inversions)
+    for one, e, a, old in zip(inversions, expected, actual, olds):
+        _assert_same(e, a)
+        truth = diff(old[one.dtype], one.master.to(one.dtype))
+        assert 0 == (~torch.isin(truth.indices, a.indices)).sum().item()
+
+
+@pytest.mark.parametrize(("group_elements", "slab_fraction"), [(5000, 4), (1 << 28, 4),
+                                                               (1 << 28, 1024)])
+@pytest.mark.parametrize("copy", [True, False])
+def test_batched_cast_is_the_reference_per_tensor(monkeypatch, group_elements, slab_fraction,
+                                                  copy):
+    """``record_and_copy_all`` (or ``record_all`` then the copies) over tensors of many
+    sizes, bf16 and fp16, some of them unaligned views of one buffer, over three steps,
+    in one group or many, with the default slabs or slabs so small that the dense pass
+    does most tiles: the same model bits, dirty maps and change sets as the reference."""
+    from dte_detector import batch, cast_kernel
+
+    monkeypatch.setattr(batch, "GROUP_ELEMENTS", group_elements)
+    monkeypatch.setattr(cast_kernel, "SLAB_FRACTION", slab_fraction)
+    trajectories = [_cast_trajectory(n, seed=n, steps=3) for n in SIZES]
+    dtypes = [HALF_DTYPES[i % 2] for i in range(len(SIZES))]
+
+    def run() -> tuple[CastDetector, dict[str, torch.Tensor]]:
+        detector = CastDetector()
+        models = {str(i): t[0].to(dtypes[i]) for i, t in enumerate(trajectories)}
+        for name in ("2", "5"):
+            models[name] = _unaligned(models[name])
+        for step in range(3):
+            record_all(detector, {name: (trajectories[int(name)][step], model)
+                                  for name, model in models.items()}, copy=copy)
+        return detector, models
+
+    with reference():
+        expected, expected_models = run()
+    actual, actual_models = run()
+    for name, model in actual_models.items():
+        assert bits_of(expected_models[name]) == bits_of(model)
+        assert expected._dirty[name].tolist() == actual._dirty[name].tolist()
+        _assert_same(expected.changes(name, expected_models[name]), actual.changes(name, model))

@@ -10,10 +10,10 @@ def test_loopback_counts_messages_and_bytes():
     """Each send reaches the receiver and is counted."""
     receiver = Receiver({"w": torch.zeros(4)})
     link = Loopback(receiver)
-    data = encode_full({"w": torch.ones(4)}, stream_id="s", version=1)
-    ack = link.send(data)
-    assert (True, 1, 1, len(data)) == (ack.accepted, receiver.version, link.messages,
-                                       link.bytes_sent)
+    frame = encode_full({"w": torch.ones(4)}, stream_id="s", version=1)
+    ack = link.send(frame)
+    assert (True, 1, 1, len(bytes(frame))) == (ack.accepted, receiver.version, link.messages,
+                                               link.bytes_sent)
 
 
 def test_public_api():

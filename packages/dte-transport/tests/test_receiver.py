@@ -1,7 +1,8 @@
 """Receiver: applies onto exactly its base, rejects everything else and keeps its bytes."""
 
 import torch
-from dte_codec import digests, encode_delta, encode_full
+import pytest
+from dte_codec import Frame, digests, encode_delta, encode_full
 from dte_detector import diff
 from dte_transport import Receiver, Rejection
 
@@ -71,6 +72,43 @@ def test_bad_bytes_rejected():
     ack = receiver.receive(b"not a payload at all, certainly")
     assert (False, Rejection.BAD_PAYLOAD) == (ack.accepted, ack.rejection)
     assert unchanged(receiver, before, 1)
+
+
+def _flipped(frame: Frame, segment: int, byte: int) -> Frame:
+    segments = [s.clone() for s in frame.segments]
+    segments[segment][byte] ^= 0x80
+    return Frame(frame.header, segments)
+
+
+@pytest.mark.parametrize("kind", ["delta", "full"])
+def test_frame_with_one_changed_body_byte_rejected(kind):
+    """A frame whose body differs from what was sealed in one byte (any byte of any
+    segment) is BAD_PAYLOAD naming the body digest; the receiver keeps its version and
+    every bit of its tensors."""
+    source, receiver = seeded()
+    new, frame = delta(source)
+    if kind == "full":
+        frame = encode_full(new, stream_id="s", version=2)
+    before = snapshot(receiver)
+    for k, segment in enumerate(frame.segments):
+        for byte in range(0, segment.numel(), 5):
+            ack = receiver.receive(_flipped(frame, k, byte))
+            assert (False, Rejection.BAD_PAYLOAD) == (ack.accepted, ack.rejection)
+            assert ack.detail.startswith("body_digest: expected ")
+            assert unchanged(receiver, before, 1)
+    assert receiver.receive(frame).accepted
+
+
+def test_frame_with_reordered_segments_rejected():
+    """A full frame whose two segments arrive in each other's place is refused."""
+    source, receiver = seeded()
+    frame = encode_full({"a": source["v"], "b": source["v"] + 1}, stream_id="s", version=2)
+    receiver = Receiver({"a": torch.zeros(4), "b": torch.zeros(4)})
+    a, b = frame.segments
+    ack = receiver.receive(Frame(frame.header, (b, a)))
+    assert (False, Rejection.BAD_PAYLOAD, None) == (ack.accepted, ack.rejection,
+                                                    receiver.version)
+    assert all(0 == t.abs().sum() for t in receiver.weights.values())
 
 
 def test_mismatched_shape_rejected():

@@ -104,7 +104,7 @@ def test_delta_file_keeps_the_payload_exact(tmp_path):
                         base_version=1, version=2)
     assert Ack(accepted=True, version=2) == link.send(data)
     stored = safetensors.torch.load_file(tmp_path / "000000000002-v2-delta.safetensors")
-    assert data == stored["payload"].numpy().tobytes()
+    assert bytes(data) == stored["payload"].numpy().tobytes()
 
 
 def test_full_version_is_sharded_by_size(tmp_path):
@@ -138,7 +138,7 @@ def test_reader_applies_versions_strictly_in_order(tmp_path, monkeypatch):
     receiver = fresh_receiver()
     seen = []
     receive = receiver.receive
-    receiver.receive = lambda data: seen.append(Header.unpack(memoryview(data))[0]
+    receiver.receive = lambda data: seen.append(Header.unpack(memoryview(bytes(data)))[0]
                                                 .payload_version) or receive(data)
     reader = StagedReader(tmp_path, receiver)
     assert ([1, 2, 3, 4, 5], [1, 2, 3, 4, 5], True) == (reader.poll(), seen,

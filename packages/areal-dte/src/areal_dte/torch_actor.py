@@ -178,11 +178,12 @@ class TorchActor:
 
     def _recast(self, names: Iterable[str], *, record: bool) -> None:
         names = list(names)
-        for name in names:
-            master = self.masters[name].detach()
-            if record and self.method == Method.CAST:
-                self._cast.record(name, master, self.model[name])
-            self.model[name].copy_(master)
+        if record and self.method == Method.CAST:  # one fused pass over all of them on CUDA
+            self._cast.record_and_copy_all(
+                {name: (self.masters[name].detach(), self.model[name]) for name in names})
+        else:
+            for name in names:
+                self.model[name].copy_(self.masters[name].detach())
         self._masters_seen.mark(names)
         self._model_seen.mark(names)
 
@@ -201,7 +202,7 @@ class TorchActor:
             return {n: self._cast.changes(n, t) for n, t in self.model.items()}
         if self.method == Method.SNAPSHOT:
             return {n: self._snapshot.changes(n, t) for n, t in self.model.items()}
-        return {n: self._steps.changes(n, t) for n, t in self.model.items()}
+        return self._steps.changes_all(self.model)
 
     def _committed(self) -> None:
         if self._verify or self.method == Method.SNAPSHOT:  # one copy serves both

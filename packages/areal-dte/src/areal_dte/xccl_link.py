@@ -24,7 +24,7 @@ from typing import Any
 import attrs
 import torch
 import torch.distributed as dist
-from dte_codec import Header
+from dte_codec import Frame, Header
 from dte_transport import Ack, LinkError
 
 from .areal_import import areal_module
@@ -52,12 +52,14 @@ class XcclLink:
     device: torch.device
     """Where the payload tensor is put for the broadcast."""
 
-    def send(self, data: bytes) -> Ack:
+    def send(self, frame: Frame) -> Ack:
         """Broadcast one payload to every rollout TP worker; their success is the ack.
+        The update request carries one uint8 tensor, so the frame travels as its bytes.
 
         Raises:
             LinkError: a rollout server answered failure, or the broadcast failed.
         """
+        data = bytes(frame)
         header, _ = Header.unpack(memoryview(data))
         self._deliver(data)
         return Ack(accepted=True, version=header.payload_version)

@@ -1,7 +1,8 @@
 """dte-codec: what the bytes of a weight sync mean.
 
 A payload is full (every tensor dense) or a delta from one version to the next (per
-tensor the cheapest exact encoding). ``decode`` validates everything it can on its own,
+tensor the cheapest exact encoding); in flight it is a ``Frame``, a host header and a
+body on the device where it was encoded. ``decode`` validates everything it can on its own,
 ``apply_`` checks the payload against the receiver and writes all or nothing.
 """
 
@@ -10,11 +11,13 @@ from .decode import Payload, decode
 from .digest import digests
 from .encode import ChangeSet, encode_delta, encode_full
 from .errors import CodecError
+from .frame import Frame
 from .header import Header, Kind
 
 __all__ = [
     "ChangeSet",
     "CodecError",
+    "Frame",
     "Header",
     "Kind",
     "Payload",

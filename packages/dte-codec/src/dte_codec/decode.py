@@ -6,13 +6,18 @@ Everything that can be checked without the receiver's tensors is checked here, s
 
 from __future__ import annotations
 
+import bisect
+import itertools
+
 import attrs
 import torch
 
-from .errors import EntryError
-from .fields import WORD_BYTES, batched
+from .body_digest import body_digest
+from .errors import DigestError, EntryError, HeaderError
+from .fields import batched
+from .frame import Frame
 from .flat_decode import SPARSE, decode_indices_flat
-from .header import Entry, Header, IndexEncoding, align
+from .header import Entry, Header, IndexEncoding, align, body_digest_of
 from .indices import decode_indices
 from .region import Box
 from .values import check_escapes
@@ -35,40 +40,40 @@ class Payload:
         return self.header.body_size()
 
 
-def decode(data: bytes | bytearray | memoryview, *, device: str | torch.device = "cpu"
-           ) -> Payload:
-    """Parse ``data`` into a ``Payload`` whose tensors live on ``device``.
+def decode(data: Frame | bytes | bytearray | memoryview, *,
+           device: str | torch.device | None = None) -> Payload:
+    """Parse and validate a payload into a ``Payload`` whose tensors live on ``device``.
 
-    On a GPU every sparse entry's indices are decoded together (``decode_batched``),
-    on the CPU entry by entry (``decode_per_entry``); see ``fields.batched``.
+    A frame is decoded where its body lives (``device`` moves it first, one copy);
+    bytes on ``device``, the CPU by default. On a GPU every sparse entry's indices are
+    decoded together (``decode_batched``), on the CPU entry by entry
+    (``decode_per_entry``); see ``fields.batched``.
 
     Raises:
         HeaderError: truncated or inconsistent header fields.
-        DigestError: the bytes do not match the header's digest.
+        DigestError: the header or the body does not match its digest.
         EntryError: invalid indices or escape positions inside an entry.
     """
-    view = memoryview(data).cast("B")
-    header, offset = Header.unpack(view)
-    body = _body(view[offset:], device)
-    sections = _split(header, body)
-    if not batched(body.device):
+    header, frame = _open(data, device)
+    sections = _split(header, frame.segments)
+    if not batched(frame.device):
         return _per_entry(header, sections)
-    return _batched(header, body, sections)
+    return _batched(header, frame, sections)
 
 
-def decode_batched(data: bytes | bytearray | memoryview, *,
-                   device: str | torch.device = "cpu") -> Payload:
+def decode_batched(data: Frame | bytes | bytearray | memoryview, *,
+                   device: str | torch.device | None = None) -> Payload:
     """``decode`` with every sparse entry's indices found together (``flat_decode``), on
     any device: a fixed number of device passes and one host synchronization."""
-    view = memoryview(data).cast("B")
-    header, offset = Header.unpack(view)
-    body = _body(view[offset:], device)
-    return _batched(header, body, _split(header, body))
+    header, frame = _open(data, device)
+    return _batched(header, frame, _split(header, frame.segments))
 
 
-def _batched(header: Header, body: torch.Tensor,
-             sections: list[tuple[torch.Tensor, ...]]) -> Payload:
-    flat = decode_indices_flat(header.entries, body)
+def _batched(header: Header, frame: Frame, sections: list[tuple[torch.Tensor, ...]]
+             ) -> Payload:
+    if not any(entry.index_encoding in SPARSE for entry in header.entries):
+        return _per_entry(header, sections)  # nothing to decode, no body copy
+    flat = decode_indices_flat(header.entries, frame.body())
     try:
         regions = [None if entry.index_encoding in SPARSE else _region(entry, entry_sections)
                    for entry, entry_sections in zip(header.entries, sections)]
@@ -82,14 +87,29 @@ def _batched(header: Header, body: torch.Tensor,
     return Payload(header=header, indices=tuple(indices), values=tuple(values))
 
 
-def decode_per_entry(data: bytes | bytearray | memoryview, *,
-                     device: str | torch.device = "cpu") -> Payload:
+def decode_per_entry(data: Frame | bytes | bytearray | memoryview, *,
+                     device: str | torch.device | None = None) -> Payload:
     """``decode`` entry by entry: the reference the batched decoder matches, and the path
     that raises the first failed check in ``FORMAT.md``'s order."""
-    view = memoryview(data).cast("B")
-    header, offset = Header.unpack(view)
-    body = _body(view[offset:], device)
-    return _per_entry(header, _split(header, body))
+    header, frame = _open(data, device)
+    return _per_entry(header, _split(header, frame.segments))
+
+
+def _open(data: Frame | bytes | bytearray | memoryview, device: str | torch.device | None
+          ) -> tuple[Header, Frame]:
+    """The validated header and the frame on ``device``, its body digest checked."""
+    frame = data if isinstance(data, Frame) else Frame.from_bytes(data)
+    shapes = {(s.dtype, s.dim(), s.device) for s in frame.segments}
+    if len(shapes) > 1 or any(dtype != torch.uint8 or dim != 1 for dtype, dim, _ in shapes):
+        raise HeaderError("body segments", expected="1-D uint8 tensors on one device",
+                          got=sorted(map(str, shapes)))
+    if device is not None:
+        frame = frame.to(device)
+    header = Header.unpack_head(memoryview(frame.header), frame.body_size)
+    stored, computed = body_digest_of(frame.header), body_digest(frame.segments)
+    if stored != computed:
+        raise DigestError("body_digest", expected=f"{stored:#018x}", got=f"{computed:#018x}")
+    return header, frame
 
 
 def _per_entry(header: Header, sections: list[tuple[torch.Tensor, ...]]) -> Payload:
@@ -115,22 +135,28 @@ def _region(entry: Entry, sections: tuple[torch.Tensor, ...]) -> torch.Tensor | 
     return decode_indices(entry, sections)
 
 
-def _body(raw: memoryview, device: str | torch.device) -> torch.Tensor:
-    if len(raw) == 0:
-        return torch.empty(0, dtype=torch.uint8, device=device)
-    body = torch.frombuffer(bytearray(raw), dtype=torch.uint8)
-    if body.data_ptr() % WORD_BYTES:  # the flat decoder reads the body as int64 words
-        body = body.clone()
-    return body.to(device)
-
-
-def _split(header: Header, body: torch.Tensor) -> list[tuple[torch.Tensor, ...]]:
+def _split(header: Header, segments: tuple[torch.Tensor, ...]
+           ) -> list[tuple[torch.Tensor, ...]]:
+    """Per entry, its sections: views of the segment that holds each (a section across
+    segments is copied together)."""
+    bounds = list(itertools.accumulate((s.numel() for s in segments), initial=0))
     out, pos = [], 0
     for entry in header.entries:
         sections = []
         for size in entry.section_sizes():
-            sections.append(body[pos:pos + size])
+            sections.append(_section(segments, bounds, pos, size))
             pos += align(size)
         out.append(tuple(sections))
     return out
 
+
+def _section(segments: tuple[torch.Tensor, ...], bounds: list[int], start: int, size: int
+             ) -> torch.Tensor:
+    first = bisect.bisect_right(bounds, start) - 1
+    if size == 0 or first == len(segments):
+        return segments[0][:0] if segments else torch.empty(0, dtype=torch.uint8)
+    if start + size <= bounds[first + 1]:
+        return segments[first][start - bounds[first]:start - bounds[first] + size]
+    last = bisect.bisect_left(bounds, start + size) - 1
+    joined = torch.cat(segments[first:last + 1])
+    return joined[start - bounds[first]:start - bounds[first] + size]

@@ -1,5 +1,5 @@
-"""Build payloads: every tensor dense for a full sync, the cheapest exact encoding per
-tensor for a delta."""
+"""Build payloads (``Frame``): every tensor dense for a full sync, the cheapest exact
+encoding per tensor for a delta."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import torch
 from .errors import EncodeError
 from .fields import batched
 from .flat_encode import encode_delta_flat
+from .frame import Frame
 from .header import NO_BASE, Kind
 from .parts import Part, assemble, dense_part, sparse_part
 
@@ -28,8 +29,9 @@ class ChangeSet(Protocol):
     base_high: torch.Tensor
 
 
-def encode_full(tensors: Mapping[str, torch.Tensor], *, stream_id: str, version: int) -> bytes:
-    """A full payload carrying every tensor densely.
+def encode_full(tensors: Mapping[str, torch.Tensor], *, stream_id: str, version: int) -> Frame:
+    """A full payload carrying every tensor densely: its body segments are views of the
+    tensors (no copy), so send it before they change.
 
     Raises:
         EncodeError: a name, dtype or version that the format cannot carry.
@@ -40,7 +42,7 @@ def encode_full(tensors: Mapping[str, torch.Tensor], *, stream_id: str, version:
 
 
 def encode_delta(tensors: Mapping[str, torch.Tensor], changes: Mapping[str, ChangeSet], *,
-                 stream_id: str, base_version: int, version: int) -> bytes:
+                 stream_id: str, base_version: int, version: int) -> Frame:
     """A delta payload from ``base_version`` to ``version``.
 
     Every tensor needs a change set (an empty one when nothing changed). Each changed
@@ -64,7 +66,7 @@ def encode_delta(tensors: Mapping[str, torch.Tensor], changes: Mapping[str, Chan
 
 
 def encode_delta_batched(tensors: Mapping[str, torch.Tensor], changes: Mapping[str, ChangeSet],
-                         *, stream_id: str, base_version: int, version: int) -> bytes:
+                         *, stream_id: str, base_version: int, version: int) -> Frame:
     """``encode_delta`` of all tensors together (``flat_encode``): a fixed number of device
     passes and two host synchronizations, whatever the number of tensors."""
     items = [(name, tensor, changes[name]) for name, tensor in tensors.items()
@@ -79,7 +81,7 @@ def encode_delta_batched(tensors: Mapping[str, torch.Tensor], changes: Mapping[s
 
 def encode_delta_per_tensor(tensors: Mapping[str, torch.Tensor],
                             changes: Mapping[str, ChangeSet], *, stream_id: str,
-                            base_version: int, version: int) -> bytes:
+                            base_version: int, version: int) -> Frame:
     """``encode_delta`` one tensor at a time: the reference the batched encoder matches
     byte for byte, and the path that reports a change set that does not fit."""
     parts = (_cheapest(name, tensor, changes[name]) for name, tensor in tensors.items())

@@ -13,8 +13,8 @@ payload whatever the number of tensors:
    count and numel (``choose_indices``, ``choose_values``, the dense fallback); the
    header and the body layout follow.
 3. One pass writes every field of every winning encoding into one zeroed body buffer on
-   the device (``fields.Body``); dense entries are copied in; the body comes to
-   the host in one copy (sync 2).
+   the device (``fields.Body``); dense entries are copied in; the body stays there and
+   its digest comes to the host (sync 2).
 
 The per-tensor gathers of the new values (one indexing op per tensor, each tensor its own
 storage) are the only launches that grow with the number of tensors; none of them waits
@@ -41,6 +41,7 @@ from .values import choose_values
 
 if TYPE_CHECKING:
     from .encode import ChangeSet
+    from .frame import Frame
 
 _INT64 = torch.int64
 
@@ -57,7 +58,7 @@ class _Item:
 
 
 def encode_delta_flat(items: Sequence[tuple[str, torch.Tensor, ChangeSet]], *, stream_id: str,
-                      base_version: int, version: int) -> bytes | None:
+                      base_version: int, version: int) -> Frame | None:
     """The delta payload of the non-empty change sets ``items``, or None when a change set
     does not fit its tensor (the caller then raises the reference path's error)."""
     todo = [_Item(*item) for item in items]
@@ -83,7 +84,7 @@ def encode_delta_flat(items: Sequence[tuple[str, torch.Tensor, ChangeSet]], *, s
     header = checked_header(entries, stream_id=stream_id, kind=Kind.DELTA,
                             base_version=base_version, version=version)
     body = flat.write(header, todo)
-    return seal(header, body)  # host sync 2 of 2: the body's copy to the host
+    return seal(header, body)  # host sync 2 of 2: the body digest
 
 
 def _fits(item: _Item) -> bool:

@@ -18,7 +18,7 @@ import xxhash
 from .errors import DigestError, HeaderError
 
 MAGIC = b"DTEP"
-CODEC_VERSION = 1
+CODEC_VERSION = 2
 ALIGNMENT = 8
 NO_BASE = -1
 MAX_NDIM = 16
@@ -26,9 +26,13 @@ MAX_NAME_BYTES = 65535
 INDEX32_LIMIT = 2**31
 """Tensors with fewer elements than this use int32 indices and escape lists."""
 
-_PRELUDE = struct.Struct("<4sHBBIIqqQQH")
+_PRELUDE = struct.Struct("<4sHBBIIqqQQHQ")
 DIGEST_OFFSET = struct.calcsize("<4sHBBIIqqQ")
-"""Byte offset of the 8-byte digest field inside the prelude."""
+"""Byte offset of the 8-byte header digest field inside the prelude."""
+BODY_DIGEST_OFFSET = struct.calcsize("<4sHBBIIqqQQH")
+"""Byte offset of the 8-byte body digest field inside the prelude."""
+_HEADER_LENGTH = struct.Struct("<I")
+_HEADER_LENGTH_OFFSET = 8
 _NAME_LENGTH = struct.Struct("<H")
 _ENTRY_FIELDS = struct.Struct("<BBBBBBHQQQ")
 _DIM = struct.Struct("<Q")
@@ -214,32 +218,45 @@ class Header:
             entry.validate(self.kind)
 
     def pack(self) -> bytes:
-        """Header bytes with a zero digest field, padded to the body's alignment."""
+        """Header bytes with zero digest fields, padded to the body's alignment."""
         table = b"".join(_pack_entry(e) for e in self.entries)
         stream = self.stream_id.encode()
         length = _PRELUDE.size + len(stream) + len(table)
         prelude = _PRELUDE.pack(MAGIC, CODEC_VERSION, self.kind, 0, length, len(self.entries),
                                 self.base_version, self.payload_version, self.body_size(), 0,
-                                len(stream))
+                                len(stream), 0)
         return (prelude + stream + table).ljust(align(length), b"\0")
 
     @classmethod
     def unpack(cls, data: memoryview) -> tuple[Header, int]:
-        """Parse and validate a header; return it with the body's offset in ``data``."""
-        return _Reader(data).header()
+        """Parse and validate the header of a whole payload in ``data``; return it with
+        the body's offset in ``data``."""
+        return _Reader(data, len(data)).header()
+
+    @classmethod
+    def unpack_head(cls, head: memoryview, body_size: int) -> Header:
+        """Parse and validate ``head``, exactly the header bytes of a payload whose body
+        (held elsewhere, e.g. on a device) has ``body_size`` bytes."""
+        header, offset = _Reader(head, len(head) + body_size).header()
+        _check(None, "header bytes", offset, len(head), offset == len(head))
+        return header
 
 
-def payload_digest(data: bytes | bytearray | memoryview,
-                   *rest: bytes | bytearray | memoryview) -> int:
-    """xxh3-64 of a whole payload, with its own digest field read as zero; the payload
-    may come in pieces (``data`` holding the prelude, then ``rest``)."""
+def header_digest(data: bytes | bytearray | memoryview) -> int:
+    """xxh3-64 of the header at the start of ``data`` (``align(header_length)`` bytes,
+    or all of ``data`` if shorter), with its own digest field read as zero."""
+    length = _HEADER_LENGTH.unpack_from(data, _HEADER_LENGTH_OFFSET)[0]
+    head = memoryview(data)[:align(length)]
     hasher = xxhash.xxh3_64()
-    hasher.update(data[:DIGEST_OFFSET])
+    hasher.update(head[:DIGEST_OFFSET])
     hasher.update(bytes(8))
-    hasher.update(data[DIGEST_OFFSET + 8:])
-    for chunk in rest:
-        hasher.update(chunk)
+    hasher.update(head[DIGEST_OFFSET + 8:])
     return hasher.intdigest()
+
+
+def body_digest_of(head: bytes | bytearray | memoryview) -> int:
+    """The body digest a packed header carries."""
+    return struct.unpack_from("<Q", head, BODY_DIGEST_OFFSET)[0]
 
 
 def _pack_entry(entry: Entry) -> bytes:
@@ -254,8 +271,10 @@ def _pack_entry(entry: Entry) -> bytes:
 class _Reader:
     """Bounds-checked sequential reader; every failure is a ``HeaderError``."""
 
-    def __init__(self, data: memoryview):
+    def __init__(self, data: memoryview, total: int):
         self.data = data
+        self.total = total
+        """Bytes of the whole payload: ``data`` and any body held elsewhere."""
         self.pos = 0
 
     def take(self, size: int, what: str) -> memoryview:
@@ -281,7 +300,7 @@ class _Reader:
                               tensor=tensor) from None
 
     def header(self) -> tuple[Header, int]:
-        (magic, version, kind, reserved, length, n_entries, base, payload, body, _, n_stream
+        (magic, version, kind, reserved, length, n_entries, base, payload, body, _, n_stream, _
          ) = _PRELUDE.unpack(self.take(_PRELUDE.size, "prelude"))
         _check(None, "magic", MAGIC, magic, magic == MAGIC)
         _check(None, "codec_version", CODEC_VERSION, version, version == CODEC_VERSION)
@@ -289,11 +308,11 @@ class _Reader:
         _check(None, "header_length", f"{_PRELUDE.size}..{len(self.data)}", length,
                _PRELUDE.size <= length <= len(self.data))
         total = align(length) + body
-        _check(None, "payload size", f"{total} bytes (header + body)", len(self.data),
-               total == len(self.data))
+        _check(None, "payload size", f"{total} bytes (header + body)", self.total,
+               total == self.total)
         stored = struct.unpack_from("<Q", self.data, DIGEST_OFFSET)[0]
-        if stored != payload_digest(self.data):
-            raise DigestError("digest", expected=f"{payload_digest(self.data):#018x}",
+        if stored != header_digest(self.data):
+            raise DigestError("digest", expected=f"{header_digest(self.data):#018x}",
                               got=f"{stored:#018x}")
         kind = self.enum(Kind, kind, "kind", None)
         self.data = self.data[:length]

@@ -1,4 +1,4 @@
-"""Payload entries built one at a time, and their assembly into payload bytes.
+"""Payload entries built one at a time, and their assembly into a ``Frame``.
 
 ``encode_full`` and ``encode_delta`` cover a sender that holds whole tensors. A sender
 that holds only part of each receiver tensor (a trainer shard feeding a rollout shard of
@@ -14,12 +14,16 @@ from collections.abc import Iterable, Sequence
 import attrs
 import torch
 
+from .body_digest import body_digest
 from .errors import EncodeError, HeaderError
-from .header import (DIGEST_OFFSET, DTYPE_CODES, MAX_NAME_BYTES, Entry, Header, IndexEncoding,
-                     Kind, align, payload_digest)
+from .frame import Frame
+from .header import (ALIGNMENT, BODY_DIGEST_OFFSET, DIGEST_OFFSET, DTYPE_CODES, MAX_NAME_BYTES,
+                     Entry, Header, IndexEncoding, Kind, align, header_digest)
 from .indices import check_sorted_positions, encode_indices
 from .region import Box
 from .values import encode_values
+
+_EMPTY = torch.empty(0, dtype=torch.uint8)
 
 
 @attrs.frozen
@@ -77,10 +81,11 @@ def sparse_part(name: str, values: torch.Tensor, *, shape: tuple[int, ...],
 
 
 def assemble(parts: Iterable[Part], *, stream_id: str, kind: Kind, base_version: int,
-             version: int) -> bytes:
-    """Header, body and digest of a payload made of ``parts``.
+             version: int) -> Frame:
+    """The frame of a payload made of ``parts``.
 
-    The sections are laid out in one buffer on their device and copied to the host once.
+    A full payload's sections stay where they are (views of the weights, zero padding
+    between them); a delta's are laid out in one body on their device.
 
     Raises:
         EncodeError: header fields the format cannot carry (versions, stream id).
@@ -88,7 +93,10 @@ def assemble(parts: Iterable[Part], *, stream_id: str, kind: Kind, base_version:
     parts = list(parts)
     header = checked_header([p.entry for p in parts], stream_id=stream_id, kind=kind,
                             base_version=base_version, version=version)
-    return seal(header, _body([s for part in parts for s in part.sections]))
+    sections = [s for part in parts for s in part.sections]
+    if kind == Kind.FULL:
+        return seal(header, *_padded(sections))
+    return seal(header, torch.cat(_padded(sections)) if sections else _EMPTY)
 
 
 def checked_header(entries: Sequence[Entry], *, stream_id: str, kind: Kind, base_version: int,
@@ -107,35 +115,32 @@ def checked_header(entries: Sequence[Entry], *, stream_id: str, kind: Kind, base
     return header
 
 
-def seal(header: Header, body: torch.Tensor) -> bytes:
-    """Payload bytes: ``header``, then ``body`` (uint8, any device), with the digest set.
-
-    The body crosses to the host once (through pinned memory from a GPU) and is copied
-    once more, into the payload; the digest is computed on the way.
-    """
-    assert body.numel() == header.body_size(), "the body does not match the header"
+def seal(header: Header, *segments: torch.Tensor) -> Frame:
+    """The frame of ``header`` and the body made of ``segments`` (uint8, one device),
+    with both digests set: the body's computed where it lives, one pass per segment
+    (one host synchronization)."""
+    segments = tuple(s.reshape(-1) for s in segments)
+    assert sum(s.numel() for s in segments) == header.body_size(), "body does not fit header"
     head = bytearray(header.pack())
-    if body.is_cuda:
-        body = torch.empty(body.shape, dtype=torch.uint8, pin_memory=True).copy_(body)
-    data = memoryview(body.contiguous().numpy()) if body.numel() else memoryview(b"")
-    struct.pack_into("<Q", head, DIGEST_OFFSET, payload_digest(head, data))
-    return b"".join((head, data))
+    struct.pack_into("<Q", head, BODY_DIGEST_OFFSET, body_digest(segments))
+    struct.pack_into("<Q", head, DIGEST_OFFSET, header_digest(head))
+    return Frame(bytes(head), segments)
 
 
-def _body(sections: list[torch.Tensor]) -> torch.Tensor:
-    """Every section, each padded to the alignment, in one tensor on their device."""
-    if not sections:
-        return torch.empty(0, dtype=torch.uint8)
+def _padded(sections: list[torch.Tensor]) -> list[torch.Tensor]:
+    """Every section as flat bytes on one device, each followed by the zero padding that
+    aligns the next (a slice of one small zero tensor, not an allocation per section)."""
     devices = {s.device for s in sections}
     device = devices.pop() if len(devices) == 1 else torch.device("cpu")
+    zeros = torch.zeros(ALIGNMENT, dtype=torch.uint8, device=device)
     pieces = []
     for section in sections:
         section = section.reshape(-1).to(device)
         pieces.append(section)
         pad = align(section.numel()) - section.numel()
         if pad:
-            pieces.append(torch.zeros(pad, dtype=torch.uint8, device=device))
-    return torch.cat(pieces)
+            pieces.append(zeros[:pad])
+    return pieces
 
 
 def _check_tensor(name: str, dtype: torch.dtype) -> None:

@@ -1,6 +1,7 @@
 """dte-detector: which elements of the low-precision weights changed since the last sync.
 
-Three detectors, each streaming one tensor at a time on the tensor's own device:
+Three detectors, on the tensors' own device (on CUDA the fused kernels take all tensors
+of a sync at once: ``invert_adamw_all``, ``CastDetector.record_and_copy_all``):
 ``diff``/``Snapshot`` (bitwise reference), ``invert_adamw`` (recovers the change set from
 the post-step AdamW state, sound by a guard band) and ``CastDetector`` (exact dirty bits
 at the fp32 -> bf16 cast, any optimizer, any number of steps).
@@ -9,7 +10,7 @@ at the fp32 -> bf16 cast, any optimizer, any number of steps).
 from .cast import CastDetector
 from .changes import ChangeSet
 from .errors import DetectorError
-from .inversion import AdamWStep, invert_adamw
+from .inversion import AdamWStep, Inversion, invert_adamw, invert_adamw_all
 from .snapshot import Snapshot, diff
 from .torch_adamw import AdamWState, torch_adamw_states
 
@@ -19,8 +20,10 @@ __all__ = [
     "CastDetector",
     "ChangeSet",
     "DetectorError",
+    "Inversion",
     "Snapshot",
     "diff",
     "invert_adamw",
+    "invert_adamw_all",
     "torch_adamw_states",
 ]

@@ -13,14 +13,22 @@ changed and came back since the clear, and NaN over NaN.
 ``record_and_copy`` is ``record`` followed by ``model.copy_(master)``, the compare-and-copy
 that a trainer's master -> model cast hook needs; on CUDA with a 16-bit contiguous model
 both run fused in one pass (``cast_kernel.py``, see ``dispatch``), bit for bit the same.
+``record_all``/``record_and_copy_all`` take all tensors of a step at once: on CUDA one
+pass over all of them instead of one launch and one host synchronisation per tensor.
 """
 
 from __future__ import annotations
+
+from collections.abc import Mapping
 
 import torch
 
 from . import dispatch
 from .changes import ChangeSet, index_dtype, int_bits
+
+
+_MAP_ALIGN = 16
+"""Bytes: where the fused kernels' dirty maps start."""
 
 
 def _pack(mask: torch.Tensor) -> torch.Tensor:
@@ -42,22 +50,45 @@ class CastDetector:
     def __init__(self) -> None:
         self._dirty: dict[str, torch.Tensor] = {}
         self._first_seen: dict[str, list[tuple[torch.Tensor, torch.Tensor]]] = {}
-        self._scratch = None
 
     def record(self, name: str, master: torch.Tensor, model: torch.Tensor) -> None:
         """Mark what the coming ``model.copy_(master)`` will change; call it before the copy."""
-        if self._fused(master, model):
-            self._record_fused(name, master, model, copy=False)
-        else:
-            self._record(name, master, model)
+        self.record_all({name: (master, model)})
 
     def record_and_copy(self, name: str, master: torch.Tensor, model: torch.Tensor) -> None:
         """``record`` then ``model.copy_(master)``: one pass on CUDA, the two calls elsewhere."""
-        if self._fused(master, model):
-            self._record_fused(name, master, model, copy=True)
-        else:
-            self._record(name, master, model)
-            model.copy_(master)
+        self.record_and_copy_all({name: (master, model)})
+
+    def record_all(self, pairs: Mapping[str, tuple[torch.Tensor, torch.Tensor]]) -> None:
+        """``record`` for every ``name: (master, model)``; on CUDA all in one fused pass."""
+        self._record_all(pairs, copy=False)
+
+    def record_and_copy_all(self, pairs: Mapping[str, tuple[torch.Tensor, torch.Tensor]]
+                            ) -> None:
+        """``record_and_copy`` for every ``name: (master, model)``: on CUDA one fused pass
+        over all of them (a few launches, one host synchronisation per
+        ``batch.GROUP_ELEMENTS`` elements), the two calls per tensor elsewhere."""
+        self._record_all(pairs, copy=True)
+
+    def _record_all(self, pairs: Mapping[str, tuple[torch.Tensor, torch.Tensor]], *,
+                    copy: bool) -> None:
+        fused: dict[torch.device, list[str]] = {}
+        for name, (master, model) in pairs.items():
+            if self._fused(master, model):
+                fused.setdefault(model.device, []).append(name)
+            else:
+                self._record(name, master, model)
+                if copy:
+                    model.copy_(master)
+        for names in fused.values():
+            from .cast_kernel import record_batch
+
+            self._new_dirty_maps({n: pairs[n][1] for n in names if n not in self._dirty})
+            members = [(pairs[n][0].detach().reshape(-1), pairs[n][1].detach().view(-1),
+                        self._dirty[n]) for n in names]
+            for name, (fresh, old) in zip(names, record_batch(members, copy=copy)):
+                if fresh.numel():
+                    self._first_seen.setdefault(name, []).append((fresh, old))
 
     @staticmethod
     def _fused(master: torch.Tensor, model: torch.Tensor) -> bool:
@@ -65,23 +96,19 @@ class CastDetector:
                 and master.numel() == model.numel() and master.device == model.device
                 and dispatch.kernels_for(master, model, payload=model.dtype))
 
-    def _record_fused(self, name: str, master: torch.Tensor, model: torch.Tensor, *,
-                      copy: bool) -> None:
-        from .cast_kernel import Scratch, record_flat
-
-        dirty = self._dirty.get(name)
-        if dirty is None:
-            dirty = torch.zeros(-(-model.numel() // 8), dtype=torch.uint8, device=model.device)
-            self._dirty[name] = dirty
-        self._scratch = self._scratch or Scratch()
-        fresh, old, done = record_flat(self._scratch, dirty, master.detach().reshape(-1),
-                                       model.detach().view(-1), copy=copy)
-        if fresh.numel():
-            self._first_seen.setdefault(name, []).append((fresh, old))
-        if not done:  # a tile had too many first-seen flips to stage: the reference does it
-            self._record(name, master, model)
-            if copy:
-                model.copy_(master)
+    def _new_dirty_maps(self, models: Mapping[str, torch.Tensor]) -> None:
+        """Zeroed dirty maps for ``models`` (of one device), views of one allocation, each
+        starting on a 16-byte boundary (the kernels load aligned groups as vectors)."""
+        sizes = {name: -(-model.numel() // 8) for name, model in models.items()}
+        padded = {name: -(-size // _MAP_ALIGN) * _MAP_ALIGN for name, size in sizes.items()}
+        if not sizes:
+            return
+        device = next(iter(models.values())).device
+        flat = torch.zeros(sum(padded.values()), dtype=torch.uint8, device=device)
+        start = 0
+        for name, size in sizes.items():
+            self._dirty[name] = flat[start:start + size]
+            start += padded[name]
 
     def _record(self, name: str, master: torch.Tensor, model: torch.Tensor) -> None:
         flat = model.detach().reshape(-1)
@@ -102,6 +129,8 @@ class CastDetector:
         seen = self._first_seen.get(name)
         if not seen:
             return ChangeSet.empty(model)
+        if len(seen) == 1:  # one recorded pass: sorted and unique already
+            return ChangeSet.exact(seen[0][0].to(index_dtype(model.numel())), seen[0][1])
         indices = torch.cat([i for i, _ in seen])
         order = torch.argsort(indices)
         base = torch.cat([v for _, v in seen])[order]

@@ -1,119 +1,201 @@
 """``CastDetector.record`` and the master -> model copy fused into one Triton kernel.
 
 One pass reads the fp32 master, the 16-bit model and the packed dirty bits, tile by tile
-(``staging.py``), and writes the dirty bits OR the flips, the first-seen (index, old
-value) pairs and, when copying, ``cast(master)`` into the model: the same bits as
-``record`` followed by ``model.copy_(master)`` (the cast is the hardware's
-round-to-nearest-even ``cvt.rn`` that torch's CUDA copy uses too; a flip is a bit
-difference or NaN over NaN).
+(``staging.py``), for all tensors of a call at once (``batch.py``), and writes the dirty
+bits OR the flips, the first-seen (index, old value) pairs and, when copying,
+``cast(master)`` into the model: the same bits as ``record`` followed by
+``model.copy_(master)`` (the cast is the hardware's round-to-nearest-even ``cvt.rn`` that
+torch's CUDA copy uses too; a flip is a bit difference or NaN over NaN).
+
+The copy writes only the rows of 8 elements that hold a flip: everywhere else
+``cast(master)`` has the bits the model holds already (no flip means equal bits), so
+the model ends bit for bit as after a full copy, and a sparse step writes a fraction of
+the model's bytes.
 
 A tile stages its first-seen pairs in its slab of ``1 / SLAB_FRACTION`` of its elements
 and ``staging.gather`` moves them into sorted outputs. A tile with more first-seen pairs
-than that writes nothing, not even the model, and the caller then runs the torch
-reference over the whole tensor: the tiles done already find no fresh flip there (their
-bits are set) and are copied to the same values again, so only the dense tiles add
-pairs.
+than that writes nothing in the first pass, not even the model: ``_record``'s dense
+pass then does that tile again from the same inputs and writes its pairs straight into
+the outputs.
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import torch
 import triton
 import triton.language as tl
 
-from .staging import gather, programs, stage, tile_offsets
+from . import batch
+from .staging import (advance, gather, locate, member_offset, place, programs, read_limit,
+                      stage, tile_offsets)
 
 ROWS = 128
-"""Bytes of dirty bits per tile of ``ROWS * 8`` elements."""
+"""Rows of 8 elements per tile; one byte of dirty bits per row."""
 WARPS = 4
 WAVES = 16
 """Programs per multiprocessor (``staging.programs``)."""
 SLAB_FRACTION = 4
 """A tile stages at most a quarter of its elements as first seen (1 byte of scratch per
-element, reused across tensors); a denser tile sends the tensor to the torch reference."""
+element); a denser tile is done again by the dense pass."""
 _NAN_ABOVE = {torch.bfloat16: 0x7F80, torch.float16: 0x7C00}
 _PAYLOAD = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
+_FP32_ALIGN, _HALF_ALIGN = batch.VECTOR_BYTES // 4, batch.VECTOR_BYTES // 2
 
 
 @triton.jit
-def _load(master_ptr, model_ptr, tile, numel, ROWS: tl.constexpr):
-    offsets, _, _ = tile_offsets(tile, ROWS)
+def _load(master_ptr, model_ptr, offsets_ptr, width, numels_ptr, starts_ptr, member, tile,
+          ROWS: tl.constexpr, FP32_ALIGN: tl.constexpr, HALF_ALIGN: tl.constexpr):
+    """A tile's master and old model bits, its offset in its member, the member's size and
+    the member-local element offsets."""
+    own = tile - tl.load(starts_ptr + member)
+    offsets, _, _ = tile_offsets(own, ROWS)
+    numel = tl.load(numels_ptr + member)
+    master = tl.load(master_ptr + (member_offset(offsets_ptr, member, FP32_ALIGN) + offsets),
+                     mask=offsets < read_limit(numel, FP32_ALIGN), other=0.0,
+                     eviction_policy="evict_first")
+    old = tl.load(model_ptr + (member_offset(offsets_ptr, width + member, HALF_ALIGN) + offsets),
+                  mask=offsets < read_limit(numel, HALF_ALIGN), other=0)
+    return master, old, own, numel, offsets
+
+
+@triton.jit
+def _tile(model_ptr, dirty_ptr, offsets_ptr, width, counts_ptr, slab_ptr,
+          index_ptr, old_ptr, total, tile, master, old, member, own, numel, offsets,
+          PAYLOAD: tl.constexpr, NAN_ABOVE: tl.constexpr, COPY: tl.constexpr,
+          ROWS: tl.constexpr, KEEP: tl.constexpr, DENSE: tl.constexpr,
+          HALF_ALIGN: tl.constexpr):
+    """One tile: stage (or with DENSE, place) its first-seen pairs, OR its flips into the
+    dirty bits and copy its flipped rows, unless the first pass finds it too dense."""
+    columns = tl.arange(0, 8)[None, :]
+    local = tl.arange(0, ROWS)[:, None] * 8 + columns
     inside = offsets < numel
-    return (tl.load(master_ptr + offsets, mask=inside, other=0.0, eviction_policy="evict_first"),
-            tl.load(model_ptr + offsets, mask=inside, other=0))
-
-
-@triton.jit(do_not_specialize=["tiles"])
-def _record(master_ptr, model_ptr, dirty_ptr, counts_ptr, slab_ptr, numel, dirty_bytes, tiles,
-            PAYLOAD: tl.constexpr, NAN_ABOVE: tl.constexpr, COPY: tl.constexpr,
-            ROWS: tl.constexpr, SLAB: tl.constexpr):
-    first, step = tl.program_id(0), tl.num_programs(0)
-    master, old = _load(master_ptr, model_ptr, first, numel, ROWS)
-    for tile in range(first, tiles, step):
-        master_next, old_next = _load(master_ptr, model_ptr, tile + step, numel, ROWS)
-        offsets, columns, local = tile_offsets(tile, ROWS)
-        inside = offsets < numel
-        old = old.to(tl.int32) & 0xFFFF
-        cast = master.to(PAYLOAD).to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
-        both_nan = ((cast & 0x7FFF) > NAN_ABOVE) & ((old & 0x7FFF) > NAN_ABOVE)
-        flips = (((cast != old) | both_nan) & inside).to(tl.int32)
-        bytes_at = tl.cast(tile, tl.int64) * ROWS + tl.arange(0, ROWS)
-        in_map = bytes_at < dirty_bytes
-        before = tl.load(dirty_ptr + bytes_at, mask=in_map, other=0).to(tl.int32)
-        fresh = flips & (1 - ((before[:, None] >> columns) & 1))
-        count = tl.sum(tl.sum(fresh, axis=1), axis=0)
+    old = old.to(tl.int32) & 0xFFFF
+    cast = master.to(PAYLOAD).to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
+    both_nan = ((cast & 0x7FFF) > NAN_ABOVE) & ((old & 0x7FFF) > NAN_ABOVE)
+    flips = (((cast != old) | both_nan) & inside).to(tl.int32)
+    dirty_at = (member_offset(offsets_ptr, 2 * width + member, 1) + own * ROWS
+                + tl.arange(0, ROWS))
+    in_map = own * ROWS + tl.arange(0, ROWS) < (numel + 7) // 8
+    before = tl.load(dirty_ptr + dirty_at, mask=in_map, other=0).to(tl.int32)
+    fresh = flips & (1 - ((before[:, None] >> columns) & 1))
+    count = tl.sum(tl.sum(fresh, axis=1), axis=0)
+    if not DENSE:
         tl.store(counts_ptr + tile, count)
-        if count <= SLAB:
-            stage(slab_ptr, tile, fresh, local, old, old, SLAB)
-            tl.store(dirty_ptr + bytes_at,
-                     (before | tl.sum(flips << columns, axis=1)).to(tl.uint8), mask=in_map)
-            if COPY:
-                tl.store(model_ptr + offsets, cast.to(tl.int16), mask=inside)
-        master, old = master_next, old_next
+    if count <= KEEP:
+        if DENSE:
+            place(index_ptr, old_ptr, total, tl.load(slab_ptr + tile), fresh, offsets, old,
+                  old, VALUES=1)
+        else:
+            stage(slab_ptr, tile, fresh, local, old, old, KEEP)
+        row_flips = tl.sum(flips << columns, axis=1)
+        tl.store(dirty_ptr + dirty_at, (before | row_flips).to(tl.uint8), mask=in_map)
+        if COPY:
+            at = model_ptr + (member_offset(offsets_ptr, width + member, HALF_ALIGN) + offsets)
+            rows = tl.broadcast_to((row_flips != 0)[:, None], (ROWS, 8))
+            if (own + 1) * (ROWS * 8) <= numel:  # a full tile: the row mask stays vectorised
+                tl.store(at, cast.to(tl.int16), mask=rows)
+            else:
+                tl.store(at, cast.to(tl.int16), mask=rows & inside)
 
 
-class Scratch:
-    """The slabs of one device, kept between calls and grown to the largest tensor."""
+@triton.jit(do_not_specialize=["tiles", "width", "total"])
+def _record(master_ptr, model_ptr, dirty_ptr, offsets_ptr, width, numels_ptr, starts_ptr,
+            counts_ptr, slab_ptr, index_ptr, old_ptr, tiles, total, PAYLOAD: tl.constexpr,
+            NAN_ABOVE: tl.constexpr, COPY: tl.constexpr, ROWS: tl.constexpr,
+            SLAB: tl.constexpr, FP32_ALIGN: tl.constexpr, HALF_ALIGN: tl.constexpr):
+    """The first pass: programs walk the tiles, reading the next tile first."""
+    first, step = tl.program_id(0), tl.num_programs(0)
+    member = advance(starts_ptr, first.to(tl.int64) * 0, first)
+    master, old, own, numel, offsets = _load(master_ptr, model_ptr, offsets_ptr, width,
+                                             numels_ptr, starts_ptr, member, first, ROWS,
+                                             FP32_ALIGN, HALF_ALIGN)
+    for tile in range(first, tiles, step):
+        member_next = advance(starts_ptr, member, tile + step)
+        master_next, old_next, own_next, numel_next, offsets_next = _load(
+            master_ptr, model_ptr, offsets_ptr, width, numels_ptr, starts_ptr, member_next,
+            tile + step, ROWS, FP32_ALIGN, HALF_ALIGN)
+        _tile(model_ptr, dirty_ptr, offsets_ptr, width, counts_ptr, slab_ptr,
+              index_ptr, old_ptr, total, tile, master, old, member, own, numel, offsets,
+              PAYLOAD, NAN_ABOVE, COPY, ROWS, SLAB, False, HALF_ALIGN)
+        master, old, member, own, numel = master_next, old_next, member_next, own_next, numel_next
+        offsets = offsets_next
 
-    def __init__(self) -> None:
-        self.slab = torch.empty(0, dtype=torch.int32)
 
-    def take(self, size: int, device: torch.device) -> torch.Tensor:
-        if self.slab.device != device or self.slab.numel() < size:
-            self.slab = torch.empty(size, dtype=torch.int32, device=device)
-        return self.slab
+@triton.jit(do_not_specialize=["tiles", "width", "total"])
+def _record_dense(master_ptr, model_ptr, dirty_ptr, offsets_ptr, width, numels_ptr,
+                  starts_ptr, counts_ptr, firsts_ptr, index_ptr, old_ptr, tiles, total,
+                  PAYLOAD: tl.constexpr, NAN_ABOVE: tl.constexpr, COPY: tl.constexpr,
+                  ROWS: tl.constexpr, SLAB: tl.constexpr, STEPS: tl.constexpr,
+                  FP32_ALIGN: tl.constexpr, HALF_ALIGN: tl.constexpr):
+    """The tiles the first pass left (more than SLAB first-seen pairs), one program each,
+    their pairs written straight into the outputs from the tile's first slot."""
+    tile = tl.program_id(0)
+    if tl.load(counts_ptr + tile) > SLAB:
+        member = locate(starts_ptr, tile, STEPS)
+        master, old, own, numel, offsets = _load(master_ptr, model_ptr, offsets_ptr, width,
+                                                 numels_ptr, starts_ptr, member, tile, ROWS,
+                                                 FP32_ALIGN, HALF_ALIGN)
+        _tile(model_ptr, dirty_ptr, offsets_ptr, width, counts_ptr, firsts_ptr,
+              index_ptr, old_ptr, total, tile, master, old, member, own, numel, offsets,
+              PAYLOAD, NAN_ABOVE, COPY, ROWS, ROWS * 8, True, HALF_ALIGN)
 
 
-def record_flat(scratch: Scratch, dirty: torch.Tensor, master: torch.Tensor,
-                model: torch.Tensor, *, copy: bool) -> tuple[torch.Tensor, torch.Tensor, bool]:
-    """Record (and with ``copy``, copy) one flat tensor; ``dirty`` is updated in place.
+def record_batch(members: Sequence[tuple[torch.Tensor, torch.Tensor, torch.Tensor]], *,
+                 copy: bool) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Record (and with ``copy``, copy) flat tensors of one device; dirty maps in place.
 
     Args:
-        scratch: the detector's slabs.
-        dirty: the packed dirty bits, ``ceil(numel / 8)`` bytes, LSB first.
-        master: the flat fp32 master.
-        model: the flat, contiguous bf16 or fp16 model tensor.
+        members: per tensor its flat fp32 master, its flat contiguous bf16 or fp16 model
+            and its packed dirty bits (``ceil(numel / 8)`` bytes, LSB first); non-empty.
 
     Returns:
-        The first-seen flips' sorted indices and old values, and whether every tile was
-        done (if not, the caller runs the torch reference over the tensor).
+        Per tensor, the sorted indices and old values of its first-seen flips (views of
+        flat outputs).
     """
     assert ROWS * 8 <= 1 << 15, "tile offsets are staged as int16"
-    numel, device = model.numel(), model.device
-    tiles = triton.cdiv(numel, ROWS * 8)
+    flats = [(master.contiguous(), model.view(torch.int16), dirty)
+             for master, model, dirty in members]
+    dtypes = [model.dtype for _, model, _ in members]
+    found: list[tuple[torch.Tensor, torch.Tensor] | None] = [None] * len(flats)
     capacity = ROWS * 8 // SLAB_FRACTION
-    slab = scratch.take(tiles * capacity, device)
-    counts = torch.empty(tiles, dtype=torch.int32, device=device)
-    with torch.cuda.device(device.index):
-        _record[(programs(tiles, device, waves=WAVES),)](
-            master.contiguous(), model.view(torch.int16), dirty, counts, slab, numel,
-            dirty.numel(), tiles, PAYLOAD=_PAYLOAD[model.dtype],
-            NAN_ABOVE=_NAN_ABOVE[model.dtype], COPY=copy, ROWS=ROWS, SLAB=capacity,
-            num_warps=WARPS)
-        done = counts <= capacity
-        counts = torch.where(done, counts, 0)
+    device = flats[0][0].device
+
+    def launch(group: batch.Group):
+        dtype = group.key
+        counts = torch.empty(group.tiles, dtype=torch.int32, device=device)
+        slab = torch.empty(group.tiles * capacity, dtype=torch.int32, device=device)
+        config = {"PAYLOAD": _PAYLOAD[dtype], "NAN_ABOVE": _NAN_ABOVE[dtype], "COPY": copy,
+                  "ROWS": ROWS, "SLAB": capacity, "num_warps": WARPS,
+                  "FP32_ALIGN": _FP32_ALIGN if group.aligned else 1,
+                  "HALF_ALIGN": _HALF_ALIGN if group.aligned else 1}
+        tables = (*group.base, group.offsets, group.offsets.shape[1], group.numels,
+                  group.starts, counts)
+        _record[(programs(group.tiles, device, waves=WAVES),)](
+            *tables, slab, slab, slab, group.tiles, 0, **config)
         ends = torch.cumsum(counts, 0)
-        total, undone = torch.stack([ends[-1], (~done).sum()]).tolist()
-        indices, old = gather(counts, ends, total, slab, numel, values=1, rows=ROWS,
-                              capacity=capacity)
-    return indices, old[0].view(model.dtype), not undone
+        dense = (counts > capacity).sum().view(1)
+        return tables, config, counts, ends, slab, torch.cat([batch.member_ends(group, ends),
+                                                               dense])
+
+    def finish(group: batch.Group, launched, sizes: list[int]) -> None:
+        tables, config, counts, ends, slab, _ = launched
+        *member_ends, dense = sizes
+        total = member_ends[-1]
+        firsts = ends - counts
+        indices, old = gather(counts, firsts, total, slab, group.starts, steps=group.steps,
+                              numel=group.numel, values=1, rows=ROWS, capacity=capacity)
+        if dense:
+            _record_dense[(group.tiles,)](*tables, firsts, indices, old, group.tiles, total,
+                                          STEPS=group.steps, **config)
+        old = old[0].view(group.key)
+        begin = 0
+        for at, end in zip(group.members, member_ends):
+            found[at] = (indices[begin:end], old[begin:end])
+            begin = end
+
+    with torch.cuda.device(device.index):
+        batch.pipelined(batch.plan(flats, dtypes, tile_elements=ROWS * 8), launch,
+                        lambda launched: launched[-1], finish)
+    return found

@@ -60,6 +60,7 @@ to rounding boundaries) against torch's for-loop, foreach and fused AdamW.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import attrs
 import torch
@@ -103,6 +104,26 @@ class AdamWStep:
     """Whether the step divided the moments by ``1 - beta**step``."""
 
 
+@attrs.frozen(kw_only=True, eq=False)
+class Inversion:
+    """One tensor's arguments of ``invert_adamw``, for ``invert_adamw_all``."""
+
+    name: str
+    """The tensor's name, for errors."""
+    master: torch.Tensor
+    """The fp32 master after the step."""
+    exp_avg: torch.Tensor
+    """The fp32 first moment after the step."""
+    exp_avg_sq: torch.Tensor
+    """The fp32 second moment after the step."""
+    hyper: AdamWStep
+    """The step's hyper-parameters."""
+    previous_step: int
+    """The step count of the reference (``hyper.step``: skipped, no change)."""
+    dtype: torch.dtype
+    """The payload dtype (bf16, fp16 or fp32)."""
+
+
 def invert_adamw(name: str, master: torch.Tensor, exp_avg: torch.Tensor,
                  exp_avg_sq: torch.Tensor, hyper: AdamWStep, *, previous_step: int,
                  dtype: torch.dtype, guard_ulps: float = GUARD_ULPS) -> ChangeSet:
@@ -121,25 +142,59 @@ def invert_adamw(name: str, master: torch.Tensor, exp_avg: torch.Tensor,
         PrecisionError: the master or a moment is not fp32.
         StepGapError: more than one step since the reference.
     """
-    for field, tensor in (("master", master), ("exp_avg", exp_avg), ("exp_avg_sq", exp_avg_sq)):
-        if tensor.dtype != torch.float32:
-            raise PrecisionError(name, field=field, got=tensor.dtype)
-    if hyper.step == previous_step:
-        return ChangeSet.empty(master, dtype=dtype)
-    if hyper.step != previous_step + 1:
-        raise StepGapError(name, previous=previous_step, current=hyper.step)
-    flat = [t.detach().reshape(-1) for t in (master, exp_avg, exp_avg_sq)]
-    if master.numel() and dispatch.kernels_for(*flat, payload=dtype):
-        from .inversion_kernel import invert_flat
-        return invert_flat(*flat, hyper, dtype=dtype, guard_ulps=guard_ulps)
-    parts = [_invert_chunk(*(t[s:s + CHUNK] for t in flat), hyper, dtype, guard_ulps)
-             for s in range(0, master.numel(), CHUNK)]
-    if not parts:
-        return ChangeSet.empty(master, dtype=dtype)
-    offsets = range(0, master.numel(), CHUNK)
-    indices = torch.cat([p[0] + o for p, o in zip(parts, offsets)])
-    return ChangeSet(indices.to(index_dtype(master.numel())), torch.cat([p[1] for p in parts]),
-                     torch.cat([p[2] for p in parts]))
+    one = Inversion(name=name, master=master, exp_avg=exp_avg, exp_avg_sq=exp_avg_sq,
+                    hyper=hyper, previous_step=previous_step, dtype=dtype)
+    return invert_adamw_all([one], guard_ulps=guard_ulps)[0]
+
+
+def invert_adamw_all(inversions: Sequence[Inversion], *, guard_ulps: float = GUARD_ULPS
+                     ) -> list[ChangeSet]:
+    """``invert_adamw`` of many tensors, in their order, with the same results.
+
+    Where the fused kernels run (``dispatch``), the tensors of one device go through them
+    together: a few launches over all of them and one host synchronisation per
+    ``batch.GROUP_ELEMENTS`` elements, instead of one per tensor. Every argument is
+    checked before anything runs.
+
+    Raises:
+        PrecisionError: a master or a moment is not fp32.
+        StepGapError: more than one step since a tensor's reference.
+    """
+    for one in inversions:
+        for field in ("master", "exp_avg", "exp_avg_sq"):
+            if getattr(one, field).dtype != torch.float32:
+                raise PrecisionError(one.name, field=field, got=getattr(one, field).dtype)
+        if one.hyper.step not in (one.previous_step, one.previous_step + 1):
+            raise StepGapError(one.name, previous=one.previous_step, current=one.hyper.step)
+    found: list[ChangeSet | None] = [None] * len(inversions)
+    fused: dict[torch.device, dict[int, tuple[torch.Tensor, ...]]] = {}
+    for at, one in enumerate(inversions):
+        flat = tuple(t.detach().reshape(-1) for t in (one.master, one.exp_avg, one.exp_avg_sq))
+        if one.hyper.step == one.previous_step or not one.master.numel():
+            found[at] = ChangeSet.empty(one.master, dtype=one.dtype)
+        elif dispatch.kernels_for(*flat, payload=one.dtype):
+            fused.setdefault(one.master.device, {})[at] = flat
+        else:
+            found[at] = _invert_reference(*flat, one.hyper, one.dtype, guard_ulps)
+    for members in fused.values():
+        from .inversion_kernel import invert_batch
+        chosen = [inversions[at] for at in members]
+        results = invert_batch(list(members.values()), [c.hyper for c in chosen],
+                               [c.dtype for c in chosen], guard_ulps=guard_ulps)
+        for at, result in zip(members, results):
+            found[at] = result
+    return found
+
+
+def _invert_reference(p: torch.Tensor, m: torch.Tensor, v: torch.Tensor, hyper: AdamWStep,
+                      dtype: torch.dtype, guard_ulps: float) -> ChangeSet:
+    """The torch reference over flat tensors, in chunks of ``CHUNK`` elements."""
+    parts = [_invert_chunk(p[s:s + CHUNK], m[s:s + CHUNK], v[s:s + CHUNK], hyper, dtype,
+                           guard_ulps) for s in range(0, p.numel(), CHUNK)]
+    offsets = range(0, p.numel(), CHUNK)
+    indices = torch.cat([part[0] + o for part, o in zip(parts, offsets)])
+    return ChangeSet(indices.to(index_dtype(p.numel())), torch.cat([part[1] for part in parts]),
+                     torch.cat([part[2] for part in parts]))
 
 
 def bias_correction_error(h: AdamWStep) -> float:

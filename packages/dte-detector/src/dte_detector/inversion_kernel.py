@@ -13,14 +13,15 @@ handling as ``inversion._invert_chunk``, with the same fp32 roundings in the sam
 * the payload casts are the hardware's round-to-nearest-even ``cvt.rn`` that torch's CUDA
   casts use too (NaN becomes the canonical ``0x7FFF`` in both).
 
-``_mark`` reads ``p``, ``m``, ``v`` once (12 bytes per element), tile by tile
-(``staging.py``), and writes one changed bit per element, a count per tile and, where at
-most ``1 / SLAB_FRACTION`` of a tile's elements changed, their offsets and bounds into
-the tile's slab (1 byte of scratch per element); ``staging.gather`` moves the slabs
-into sorted outputs (as ``torch.nonzero`` would order them). If any tile had more changes
-than its slab holds, ``_compact`` turns the bits into sorted indices instead and
-``_bounds`` gathers ``p``, ``m``, ``v`` at them to recompute the bounds (dense changes
-make that gather cheap per element).
+``invert_batch`` takes the tensors of a whole sync at once (``batch.py``: groups of
+tensors with the same step and payload, walked as one tile space, one host
+synchronisation per group). ``_mark`` reads ``p``, ``m``, ``v`` once (12 bytes per
+element), tile by tile (``staging.py``), and writes a count per tile and, where at most
+``1 / SLAB_FRACTION`` of a tile's elements changed, their offsets and bounds into the
+tile's slab (1 byte of scratch per element); ``staging.gather`` moves the slabs into
+sorted outputs (as ``torch.nonzero`` would order them). A tile with more changes than
+its slab holds is recomputed by ``_dense``, which writes them straight into the outputs
+(launched only when such a tile exists).
 
 The term ``mu`` needs an IEEE division ``1 / d`` per element; where it is below half an
 ulp of the rest of the guard it cannot change the rounded sum, so a tile computes it only
@@ -30,25 +31,30 @@ when one of its elements fails that test (a conservative one, without a division
 
 from __future__ import annotations
 
+import functools
 import math
+from collections.abc import Sequence
 
 import torch
 import triton
 import triton.language as tl
 
-from .changes import ChangeSet, index_dtype
+from . import batch
+from .changes import ChangeSet
 from .inversion import _HALF_ETA, AdamWStep, _corrections, decay_factor, guard_scalars
-from .staging import gather, programs, slots, stage, tile_offsets
+from .staging import (advance, gather, locate, member_offset, place, programs, read_limit,
+                      stage, tile_offsets)
 
 ROWS = 128
-"""Bytes of changed bits per tile of ``ROWS * 8`` elements (``staging.py``)."""
+"""Rows of 8 elements per tile (``staging.py``)."""
 WARPS = 4
 WAVES = 16
 """Programs per multiprocessor (``staging.programs``)."""
 SLAB_FRACTION = 8
-"""A tile stages at most ``1 / SLAB_FRACTION`` of its elements as changed; a tensor with
-a denser tile takes the two-pass path (``_compact`` + ``_bounds``)."""
+"""A tile stages at most ``1 / SLAB_FRACTION`` of its elements as changed; a denser tile
+is recomputed by ``_dense``."""
 _FIXED = {"enable_fp_fusion": False}
+_FP32_ALIGN = batch.VECTOR_BYTES // 4
 # mu * 2**100 < underflow * 2**25 * 1.01 / d + 2**-48 and guard * 2**-25 <= ulp(guard) / 2,
 # scaled by 2**100 to stay in fp32's normal range (a proof in ``_verdict``'s docstring).
 _MU_SCALE: tl.constexpr = tl.constexpr(2.0**25 * 1.01)
@@ -75,6 +81,13 @@ def _scalars(h: AdamWStep, guard_ulps: float) -> tuple[float, ...]:
     return (reciprocal(math.sqrt(bc2)), fp32(h.eps), fp32(h.lr / bc1), reciprocal(c),
             fp32(guard.relative), fp32(guard.bias), fp32(guard.floor), fp32(guard.underflow),
             fp32(_HALF_ETA))
+
+
+@functools.lru_cache(maxsize=64)
+def _config(h: AdamWStep, guard_ulps: float) -> tuple[tuple[float, ...], bool]:
+    """The kernel's scalars and ``DECAY_IS_ONE`` for a step (kept: every tensor of a sync
+    shares a few steps, and each costs a few host tensor operations)."""
+    return _scalars(h, guard_ulps), decay_factor(h) == 1.0
 
 
 @triton.jit
@@ -130,99 +143,122 @@ def _verdict(p, m, v, inv_sqrt_bc2, eps, step_size, inv_decay, relative, bias, f
 
 
 @triton.jit
-def _load(p_ptr, m_ptr, v_ptr, tile, numel, ROWS: tl.constexpr):
-    offsets, _, _ = tile_offsets(tile, ROWS)
-    inside = offsets < numel
-    return (tl.load(p_ptr + offsets, mask=inside, other=0.0, eviction_policy="evict_first"),
-            tl.load(m_ptr + offsets, mask=inside, other=0.0, eviction_policy="evict_first"),
-            tl.load(v_ptr + offsets, mask=inside, other=0.0, eviction_policy="evict_first"))
+def _load(p_ptr, m_ptr, v_ptr, offsets_ptr, width, numels_ptr, starts_ptr, member, tile,
+          ROWS: tl.constexpr, ALIGN: tl.constexpr):
+    """A tile's ``p``, ``m``, ``v``, its member's size and the member-local offsets."""
+    offsets, _, _ = tile_offsets(tile - tl.load(starts_ptr + member), ROWS)
+    numel = tl.load(numels_ptr + member)
+    inside = offsets < read_limit(numel, ALIGN)
+    p = tl.load(p_ptr + (member_offset(offsets_ptr, member, ALIGN) + offsets), mask=inside,
+                other=0.0, eviction_policy="evict_first")
+    m = tl.load(m_ptr + (member_offset(offsets_ptr, width + member, ALIGN) + offsets),
+                mask=inside, other=0.0, eviction_policy="evict_first")
+    v = tl.load(v_ptr + (member_offset(offsets_ptr, 2 * width + member, ALIGN) + offsets),
+                mask=inside, other=0.0, eviction_policy="evict_first")
+    return p, m, v, numel, offsets
 
 
-@triton.jit(do_not_specialize=["tiles"])
-def _mark(p_ptr, m_ptr, v_ptr, bits_ptr, counts_ptr, slab_ptr, numel, tiles, inv_sqrt_bc2,
-          eps, step_size, inv_decay, relative, bias, floor, underflow, half_eta,
-          DECAY_IS_ONE: tl.constexpr, PAYLOAD: tl.constexpr, ROWS: tl.constexpr,
-          SLAB: tl.constexpr):
-    """Per tile: changed bits and count; if at most SLAB changed, their tile offsets and
-    bounds staged in the tile's slab. Reads the next tile first."""
+@triton.jit(do_not_specialize=["tiles", "width"])
+def _mark(p_ptr, m_ptr, v_ptr, offsets_ptr, width, numels_ptr, starts_ptr, counts_ptr,
+          slab_ptr, tiles, inv_sqrt_bc2, eps, step_size, inv_decay, relative, bias, floor,
+          underflow, half_eta, DECAY_IS_ONE: tl.constexpr, PAYLOAD: tl.constexpr,
+          ROWS: tl.constexpr, SLAB: tl.constexpr, ALIGN: tl.constexpr):
+    """Per tile: the count of changed elements and, if at most SLAB, their tile offsets
+    and bounds staged in the tile's slab. Reads the next tile first."""
     first, step = tl.program_id(0), tl.num_programs(0)
-    p, m, v = _load(p_ptr, m_ptr, v_ptr, first, numel, ROWS)
+    member = advance(starts_ptr, first.to(tl.int64) * 0, first)
+    p, m, v, numel, offsets = _load(p_ptr, m_ptr, v_ptr, offsets_ptr, width, numels_ptr,
+                                    starts_ptr, member, first, ROWS, ALIGN)
+    _, _, local = tile_offsets(0, ROWS)
     for tile in range(first, tiles, step):
-        p_next, m_next, v_next = _load(p_ptr, m_ptr, v_ptr, tile + step, numel, ROWS)
-        offsets, columns, local = tile_offsets(tile, ROWS)
+        member = advance(starts_ptr, member, tile + step)
+        p_next, m_next, v_next, numel_next, offsets_next = _load(
+            p_ptr, m_ptr, v_ptr, offsets_ptr, width, numels_ptr, starts_ptr, member,
+            tile + step, ROWS, ALIGN)
         changed, low, high = _verdict(p, m, v, inv_sqrt_bc2, eps, step_size, inv_decay,
                                       relative, bias, floor, underflow, half_eta,
                                       DECAY_IS_ONE, PAYLOAD)
         flags = (changed & (offsets < numel)).to(tl.int32)
-        tl.store(bits_ptr + tl.cast(tile, tl.int64) * ROWS + tl.arange(0, ROWS),
-                 tl.sum(flags << columns, axis=1).to(tl.uint8))
         count = tl.sum(tl.sum(flags, axis=1), axis=0)
         tl.store(counts_ptr + tile, count)
         if count <= SLAB:
             stage(slab_ptr, tile, flags, local, low, high, SLAB)
-        p, m, v = p_next, m_next, v_next
+        p, m, v, numel, offsets = p_next, m_next, v_next, numel_next, offsets_next
 
 
-@triton.jit
-def _compact(bits_ptr, starts_ptr, index_ptr, ROWS: tl.constexpr):
-    """Sorted indices of one tile's changed bits (the path for dense changes)."""
+@triton.jit(do_not_specialize=["total", "width"])
+def _dense(p_ptr, m_ptr, v_ptr, offsets_ptr, width, numels_ptr, starts_ptr, counts_ptr,
+           firsts_ptr, index_ptr, bounds_ptr, total, inv_sqrt_bc2, eps, step_size, inv_decay,
+           relative, bias, floor, underflow, half_eta, DECAY_IS_ONE: tl.constexpr,
+           PAYLOAD: tl.constexpr, ROWS: tl.constexpr, SLAB: tl.constexpr,
+           STEPS: tl.constexpr, ALIGN: tl.constexpr):
+    """The tiles ``_mark`` could not stage: recomputed, written straight into the outputs."""
     tile = tl.program_id(0)
-    offsets, columns, _ = tile_offsets(tile, ROWS)
-    packed = tl.load(bits_ptr + tl.cast(tile, tl.int64) * ROWS + tl.arange(0, ROWS)).to(tl.int32)
-    flags = (packed[:, None] >> columns) & 1
-    at = tl.load(starts_ptr + tile) + slots(flags)
-    tl.store(index_ptr + at, offsets.to(index_ptr.dtype.element_ty), mask=flags != 0)
-
-
-@triton.jit(do_not_specialize=["total"])
-def _bounds(p_ptr, m_ptr, v_ptr, index_ptr, low_ptr, high_ptr, total, inv_sqrt_bc2, eps,
-            step_size, inv_decay, relative, bias, floor, underflow, half_eta,
-            DECAY_IS_ONE: tl.constexpr, PAYLOAD: tl.constexpr, BLOCK: tl.constexpr):
-    """Bounds of the changed elements, gathered by index (the path for dense changes)."""
-    rank = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    inside = rank < total
-    at = tl.load(index_ptr + rank, mask=inside, other=0)
-    p = tl.load(p_ptr + at, mask=inside, other=0.0)
-    m = tl.load(m_ptr + at, mask=inside, other=0.0)
-    v = tl.load(v_ptr + at, mask=inside, other=0.0)
-    _, low, high = _verdict(p, m, v, inv_sqrt_bc2, eps, step_size, inv_decay, relative, bias,
-                            floor, underflow, half_eta, DECAY_IS_ONE, PAYLOAD)
-    tl.store(low_ptr + rank, low.to(tl.int16), mask=inside)
-    tl.store(high_ptr + rank, high.to(tl.int16), mask=inside)
+    if tl.load(counts_ptr + tile) > SLAB:
+        p, m, v, numel, offsets = _load(p_ptr, m_ptr, v_ptr, offsets_ptr, width, numels_ptr,
+                                        starts_ptr, locate(starts_ptr, tile, STEPS), tile, ROWS,
+                                        ALIGN)
+        changed, low, high = _verdict(p, m, v, inv_sqrt_bc2, eps, step_size, inv_decay,
+                                      relative, bias, floor, underflow, half_eta,
+                                      DECAY_IS_ONE, PAYLOAD)
+        flags = (changed & (offsets < numel)).to(tl.int32)
+        place(index_ptr, bounds_ptr, total, tl.load(firsts_ptr + tile), flags, offsets, low,
+              high, VALUES=2)
 
 
 _PAYLOAD = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
 
 
-def invert_flat(p: torch.Tensor, m: torch.Tensor, v: torch.Tensor, h: AdamWStep, *,
-                dtype: torch.dtype, guard_ulps: float) -> ChangeSet:
-    """``invert_adamw`` over flat fp32 CUDA tensors for a bf16 or fp16 payload.
+def invert_batch(flats: Sequence[tuple[torch.Tensor, torch.Tensor, torch.Tensor]],
+                 hypers: Sequence[AdamWStep], dtypes: Sequence[torch.dtype], *,
+                 guard_ulps: float) -> list[ChangeSet]:
+    """``invert_adamw`` over flat, non-empty fp32 CUDA tensors ``(p, m, v)`` of one device,
+    each with its step and its bf16 or fp16 payload dtype.
 
-    Synchronises with the host once, to size the outputs.
+    Synchronises with the host once per ``batch.GROUP_ELEMENTS`` elements, to size the
+    outputs, while the device works on the next group.
     """
     assert ROWS * 8 <= 1 << 15, "tile offsets are staged as int16"
-    p, m, v = (t.contiguous() for t in (p, m, v))
-    numel, device = p.numel(), p.device
-    tiles = triton.cdiv(numel, ROWS * 8)
+    flats = [tuple(t.contiguous() for t in f) for f in flats]
+    keys = [(*_config(h, guard_ulps), d) for h, d in zip(hypers, dtypes)]
+    found: list[ChangeSet | None] = [None] * len(flats)
     slab = ROWS * 8 // SLAB_FRACTION
-    bits = torch.empty(tiles * ROWS, dtype=torch.uint8, device=device)
-    counts = torch.empty(tiles, dtype=torch.int32, device=device)
-    staged = torch.empty(tiles * slab, dtype=torch.int64, device=device)
-    scalars = _scalars(h, guard_ulps)
-    constants = {"DECAY_IS_ONE": decay_factor(h) == 1.0, "PAYLOAD": _PAYLOAD[dtype], **_FIXED}
-    with torch.cuda.device(device.index):
-        _mark[(programs(tiles, device, waves=WAVES),)](
-            p, m, v, bits, counts, staged, numel, tiles, *scalars, ROWS=ROWS, SLAB=slab,
-            num_warps=WARPS, **constants)
+    device = flats[0][0].device
+
+    def launch(group: batch.Group):
+        scalars, decay_is_one, dtype = group.key
+        counts = torch.empty(group.tiles, dtype=torch.int32, device=device)
+        staged = torch.empty(group.tiles * slab, dtype=torch.int64, device=device)
+        config = {"DECAY_IS_ONE": decay_is_one, "PAYLOAD": _PAYLOAD[dtype], "ROWS": ROWS,
+                  "SLAB": slab, "ALIGN": _FP32_ALIGN if group.aligned else 1, **_FIXED}
+        tables = (*group.base, group.offsets, group.offsets.shape[1], group.numels,
+                  group.starts, counts)
+        _mark[(programs(group.tiles, device, waves=WAVES),)](
+            *tables, staged, group.tiles, *scalars, num_warps=WARPS, **config)
         ends = torch.cumsum(counts, 0)
-        total, dense = torch.stack([ends[-1], (counts > slab).sum()]).tolist()
-        if not dense:
-            indices, bounds = gather(counts, ends, total, staged, numel, values=2, rows=ROWS,
-                                     capacity=slab)
-            return ChangeSet(indices, bounds[0].view(dtype), bounds[1].view(dtype))
-        indices = torch.empty(total, dtype=index_dtype(numel), device=device)
-        low, high = (torch.empty(total, dtype=torch.int16, device=device) for _ in range(2))
-        _compact[(tiles,)](bits, ends - counts, indices, ROWS=ROWS, num_warps=WARPS)
-        _bounds[(triton.cdiv(total, 1024),)](p, m, v, indices, low, high, total, *scalars,
-                                             BLOCK=1024, num_warps=4, **constants)
-    return ChangeSet(indices, low.view(dtype), high.view(dtype))
+        dense = (counts > slab).sum().view(1)
+        return (tables, config, counts, ends, staged,
+                torch.cat([batch.member_ends(group, ends), dense]))
+
+    def finish(group: batch.Group, launched, sizes: list[int]) -> None:
+        tables, config, counts, ends, staged, _ = launched
+        *member_ends, dense = sizes
+        total = member_ends[-1]
+        firsts = ends - counts
+        indices, bounds = gather(counts, firsts, total, staged, group.starts,
+                                 steps=group.steps, numel=group.numel, values=2, rows=ROWS,
+                                 capacity=slab)
+        if dense:
+            _dense[(group.tiles,)](*tables, firsts, indices, bounds, total, *group.key[0],
+                                   STEPS=group.steps, num_warps=WARPS, **config)
+        dtype = group.key[2]
+        low, high = bounds[0].view(dtype), bounds[1].view(dtype)
+        begin = 0
+        for at, end in zip(group.members, member_ends):
+            found[at] = ChangeSet(indices[begin:end], low[begin:end], high[begin:end])
+            begin = end
+
+    with torch.cuda.device(device.index):
+        batch.pipelined(batch.plan(flats, keys, tile_elements=ROWS * 8), launch,
+                        lambda launched: launched[-1], finish)
+    return found

@@ -1,12 +1,16 @@
 """Tiles and staged compaction shared by the Triton detection kernels.
 
-A program of a detection kernel walks ``[ROWS, 8]`` tiles of a flat tensor (one byte of
-packed bits per row), reading the next tile while it works on the current one (a few
-programs per multiprocessor, so that loads stay in flight during the arithmetic). It stages
-the selected elements of a tile (their offset in the tile and one or two 16-bit values,
-packed into one int32 or int64 word) in the tile's slab of ``SLAB`` slots, in index order; a cumulative sum of the per-tile
-counts gives each tile's first output slot, and ``gather`` moves the slabs there: sorted
-flat indices and their values, as ``torch.nonzero`` and a gather would give them.
+A detection kernel walks the tensors of one ``batch.Group`` as one space of ``[ROWS, 8]``
+tiles (one byte of packed bits per row; every member starts on a tile of its own), a few
+programs per multiprocessor, each reading its next tile while it works on the current one
+(so that loads stay in flight during the arithmetic). It stages the selected elements of
+a tile (their offset in the tile and one or two 16-bit values, packed into one int32 or
+int64 word) in the tile's slab of ``SLAB`` slots, in index order, and writes the tile's
+count. A tile with more than ``SLAB`` selected elements stages nothing: a second pass
+(the kernel's ``dense`` pass, launched only when such a tile exists) recomputes it and
+writes its elements straight into the outputs. A cumulative sum of the counts gives each
+tile's first output slot, and ``gather`` moves the slabs there: per member, sorted flat
+indices and their values, as ``torch.nonzero`` and a gather would give them.
 """
 
 from __future__ import annotations
@@ -19,6 +23,50 @@ from .changes import index_dtype
 
 _GATHER_SLOTS = 4096
 """Slab slots one ``_gather`` program moves (a few tiles' worth)."""
+
+
+@triton.jit
+def locate(starts_ptr, tile, STEPS: tl.constexpr):
+    """The member whose tiles hold ``tile`` (a scalar or a tensor of tiles).
+
+    ``starts`` holds each member's first tile, then the group's tile count, padded to
+    ``2**STEPS`` entries with larger values: a tile past the group lands on the empty
+    member after the last one.
+    """
+    at = (tile * 0).to(tl.int64)
+    for level in tl.static_range(STEPS):
+        probe = at + (1 << (STEPS - 1 - level))
+        at = tl.where(tl.load(starts_ptr + probe) <= tile, probe, at)
+    return at
+
+
+@triton.jit
+def advance(starts_ptr, member, tile):
+    """``locate`` for a program whose tiles only grow: search forward from ``member``
+    (one load per tile in the common case instead of ``STEPS``). ``starts`` holds at
+    least one padding entry past the tile count."""
+    while tl.load(starts_ptr + member + 1) <= tile:
+        member += 1
+    return member
+
+
+@triton.jit
+def member_offset(offsets_ptr, at, ALIGN: tl.constexpr):
+    """A member's element offset from its group's base tensor; ``ALIGN`` (in elements)
+    tells the compiler that it keeps 16-byte vectors aligned (1: no such promise)."""
+    offset = tl.load(offsets_ptr + at)
+    if ALIGN > 1:
+        offset = tl.multiple_of(offset, ALIGN)
+    return offset
+
+
+@triton.jit
+def read_limit(numel, ALIGN: tl.constexpr):
+    """Loads may run up to the end of the 16-byte vector that holds the last element (its
+    values are masked out later): a 16-byte-aligned vector never crosses a page, and a
+    limit that is a multiple of ``ALIGN`` keeps the loads vectorised."""
+    return (numel + ALIGN - 1) // ALIGN * ALIGN
+
 
 @triton.jit
 def tile_offsets(tile, ROWS: tl.constexpr):
@@ -45,18 +93,32 @@ def stage(slab_ptr, tile, flags, local, first, second, SLAB: tl.constexpr):
              word.to(slab_ptr.dtype.element_ty), mask=flags != 0)
 
 
+@triton.jit
+def place(index_ptr, values_ptr, total, at, flags, offsets, first, second,
+          VALUES: tl.constexpr):
+    """Write a dense tile's flagged elements straight into the outputs from slot ``at``."""
+    at = at + slots(flags)
+    keep = flags != 0
+    tl.store(index_ptr + at, offsets.to(index_ptr.dtype.element_ty), mask=keep)
+    tl.store(values_ptr + at, first.to(tl.int16), mask=keep)
+    if VALUES == 2:
+        tl.store(values_ptr + total + at, second.to(tl.int16), mask=keep)
+
+
 @triton.jit(do_not_specialize=["tiles", "total"])
-def _gather(counts_ptr, starts_ptr, slab_ptr, index_ptr, values_ptr, tiles, total,
+def _gather(counts_ptr, firsts_ptr, slab_ptr, starts_ptr, index_ptr, values_ptr, tiles, total,
             VALUES: tl.constexpr, ROWS: tl.constexpr, SLAB: tl.constexpr,
-            TILES: tl.constexpr):
+            TILES: tl.constexpr, STEPS: tl.constexpr):
     """Move the slabs of ``TILES`` tiles to their sorted place in the outputs."""
     tile = tl.program_id(0).to(tl.int64) * TILES + tl.arange(0, TILES)[:, None]
     count = tl.load(counts_ptr + tile, mask=tile < tiles, other=0)
+    count = tl.where(count <= SLAB, count, 0)  # the dense pass writes those tiles
     slot = tl.arange(0, SLAB)[None, :]
     staged = slot < count
-    at = tl.load(starts_ptr + tile, mask=tile < tiles, other=0) + slot
+    at = tl.load(firsts_ptr + tile, mask=tile < tiles, other=0) + slot
+    own = tile - tl.load(starts_ptr + locate(starts_ptr, tile, STEPS))
     word = tl.load(slab_ptr + tile * SLAB + slot, mask=staged, other=0).to(tl.int64)
-    tl.store(index_ptr + at, (tile * (ROWS * 8) + (word & 0xFFFF)).to(index_ptr.dtype.element_ty),
+    tl.store(index_ptr + at, (own * (ROWS * 8) + (word & 0xFFFF)).to(index_ptr.dtype.element_ty),
              mask=staged)
     for row in tl.static_range(VALUES):
         tl.store(values_ptr + row * total + at, (word >> (16 * (row + 1))).to(tl.int16),
@@ -70,21 +132,23 @@ def programs(tiles: int, device: torch.device, *, waves: int) -> int:
     return max(1, min(tiles, sms * waves))
 
 
-def gather(counts: torch.Tensor, ends: torch.Tensor, total: int, slab: torch.Tensor,
-           numel: int, *, values: int, rows: int, capacity: int
-           ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Sorted flat indices and a ``[values, total]`` int16 tensor of the staged elements
-    (``slab``: int32 words for one value, int64 for two).
+def gather(counts: torch.Tensor, firsts: torch.Tensor, total: int, slab: torch.Tensor,
+           starts: torch.Tensor, *, steps: int, numel: int, values: int, rows: int,
+           capacity: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Flat outputs of a group: member-local indices and a ``[values, total]`` int16 tensor
+    (``slab``: int32 words for one value, int64 for two), sorted within each member.
 
-    ``counts`` holds each tile's staged count (0 for a tile that staged nothing), ``ends``
-    their cumulative sum and ``total`` its last element.
+    ``counts`` holds each tile's count, ``firsts`` each tile's first output slot, ``total``
+    their sum; ``starts`` and ``steps`` are the group's (``locate``), ``numel`` its
+    largest member's size (which sets the index dtype). Tiles with more than
+    ``capacity`` elements are left to the dense pass.
     """
     indices = torch.empty(total, dtype=index_dtype(numel), device=counts.device)
     staged = torch.empty((values, total), dtype=torch.int16, device=counts.device)
-    if total:
+    if total and capacity:  # no slab slots: every tile with a change is dense
         tiles = counts.numel()
         per_program = max(1, _GATHER_SLOTS // capacity)
         _gather[(triton.cdiv(tiles, per_program),)](
-            counts, ends - counts, slab, indices, staged, tiles, total, VALUES=values,
-            ROWS=rows, SLAB=capacity, TILES=per_program, num_warps=4)
+            counts, firsts, slab, starts, indices, staged, tiles, total, VALUES=values,
+            ROWS=rows, SLAB=capacity, TILES=per_program, STEPS=steps, num_warps=4)
     return indices, staged

@@ -10,13 +10,13 @@ than once since the commit is a step gap: that version must go in full.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 import torch
 
 from .changes import ChangeSet
 from .errors import StepGapError
-from .inversion import invert_adamw
+from .inversion import Inversion, invert_adamw_all
 from .torch_adamw import AdamWState, torch_adamw_states
 
 
@@ -56,11 +56,22 @@ class AdamWSteps:
         Raises:
             StepGapError: more than one step since the commit.
         """
-        state = self._stepped.get(name)
-        if state is None:  # no step since the commit: unchanged
-            return ChangeSet.empty(model)
-        return invert_adamw(name, state.param, state.exp_avg, state.exp_avg_sq, state.hyper,
-                            previous_step=self._synced.get(name, 0), dtype=model.dtype)
+        return self.changes_all({name: model})[name]
+
+    def changes_all(self, models: Mapping[str, torch.Tensor]) -> dict[str, ChangeSet]:
+        """``changes`` of every ``name: model``, inverted together (``invert_adamw_all``).
+
+        Raises:
+            StepGapError: more than one step since the commit, for any of them.
+        """
+        stepped = {name: self._stepped[name] for name in models if name in self._stepped}
+        inversions = [Inversion(name=name, master=s.param, exp_avg=s.exp_avg,
+                                exp_avg_sq=s.exp_avg_sq, hyper=s.hyper,
+                                previous_step=self._synced.get(name, 0),
+                                dtype=models[name].dtype) for name, s in stepped.items()]
+        found = dict(zip(stepped, invert_adamw_all(inversions)))
+        return {name: found[name] if name in found else ChangeSet.empty(model)  # not stepped
+                for name, model in models.items()}
 
     def commit(self, optimizers: Iterable[torch.optim.Optimizer]) -> None:
         """A version was delivered: step counts from the optimizers themselves (a loaded

@@ -219,8 +219,8 @@ class GroupSender:
         for name, tensor in weights.items():
             for transfer in self.plan.get(name, ()):
                 parts[transfer.target_rank].append(_box(transfer, tensor))
-        return {rank: assemble(parts.get(rank, []), stream_id=self.stream_id, kind=Kind.FULL,
-                               base_version=-1, version=version)
+        return {rank: bytes(assemble(parts.get(rank, []), stream_id=self.stream_id,
+                                     kind=Kind.FULL, base_version=-1, version=version))
                 for rank in self.roles.rollouts}
 
     def _delta_payloads(self, weights, change_sets: Mapping[str, ChangeSet], base: int,
@@ -236,8 +236,8 @@ class GroupSender:
         for (tensor, change, item), routed in zip(changed, remapped):
             for rank, part_list in _routed(item, tensor, change, routed):
                 parts[rank].extend(part_list)
-        return {rank: assemble(parts.get(rank, []), stream_id=self.stream_id, kind=Kind.DELTA,
-                               base_version=base, version=version)
+        return {rank: bytes(assemble(parts.get(rank, []), stream_id=self.stream_id,
+                                     kind=Kind.DELTA, base_version=base, version=version))
                 for rank in self.roles.rollouts}
 
 

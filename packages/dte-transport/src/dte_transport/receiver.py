@@ -6,7 +6,7 @@ import logging
 from collections.abc import Callable, Mapping, MutableMapping
 
 import torch
-from dte_codec import CodecError, Kind, Payload, decode
+from dte_codec import CodecError, Frame, Kind, Payload, decode
 from dte_codec.digest import digests as tensor_digests
 from dte_codec.apply import Prepared, prepare
 from dte_codec.errors import ApplyError, MismatchError
@@ -33,24 +33,27 @@ class Receiver:
 
     Args:
         weights: the live tensors.
-        device: where payloads are decoded.
+        device: where payloads are decoded; by default where the live tensors are (a
+            frame whose body is already there is decoded in place, with no copy).
         stage: how a payload maps onto ``weights``; another layout (the rollout's fused,
             sharded tensors) brings its own.
     """
 
     def __init__(self, weights: MutableMapping[str, torch.Tensor], *,
-                 device: str | torch.device = "cpu", stage: Stage = by_name):
+                 device: str | torch.device | None = None, stage: Stage = by_name):
         self.weights = weights
-        self.device = torch.device(device)
+        self.device = torch.device(device) if device is not None else next(
+            (t.device for t in weights.values()), torch.device("cpu"))
         self.stage = stage
         self.version: int | None = None
         self.stream_id: str | None = None
 
-    def receive(self, data: bytes, *, digests: Mapping[str, str] | None = None) -> Ack:
+    def receive(self, data: Frame | bytes, *, digests: Mapping[str, str] | None = None
+                ) -> Ack:
         """Decode, check and apply one payload; never raises for bad payloads.
 
         Args:
-            data: the payload.
+            data: the payload, a frame or its bytes.
             digests: the sender's ``dte_codec.digests`` of its own weights after this
                 version, by the receiver's tensor names; when given, every named tensor
                 must match after the write, else a delta is rolled back and refused

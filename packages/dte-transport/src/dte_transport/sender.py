@@ -9,7 +9,7 @@ from collections.abc import Callable, Mapping
 import attrs
 import torch
 from attrs.validators import ge
-from dte_codec import ChangeSet, digests, encode_delta, encode_full
+from dte_codec import ChangeSet, Frame, digests, encode_delta, encode_full
 
 from .ack import Ack
 from .errors import LinkError, SyncError, VersionOrderError
@@ -73,18 +73,18 @@ class Sender:
         with timer.phase("detect"):
             change_sets = changes()
         with timer.phase("encode"):
-            data = encode_delta(weights, change_sets, stream_id=self.stream_id,
-                                base_version=base, version=version)
+            frame = encode_delta(weights, change_sets, stream_id=self.stream_id,
+                                 base_version=base, version=version)
         with timer.phase("send"):
-            ack = self._send(data, version, weights)
+            ack = self._send(frame, version, weights)
         if not ack.accepted:
             reason = f"{DELTA_REJECTED}: {ack.rejection.value}: {ack.detail}"
             log.warning("v%d delta rejected (%s), falling back to a full sync", version, reason)
             self.acknowledged = None
-            return self._full(weights, version, reason, SyncKind.FULL, extra_bytes=len(data))
+            return self._full(weights, version, reason, SyncKind.FULL, extra_bytes=frame.nbytes)
         self.acknowledged, self.deltas_since_full = version, self.deltas_since_full + 1
         report = SyncReport(version=version, kind=SyncKind.DELTA, reason=DELTA, base_version=base,
-                            payload_bytes=len(data), dense_bytes=_dense_bytes(weights),
+                            payload_bytes=frame.nbytes, dense_bytes=_dense_bytes(weights),
                             changed=sum(len(c.indices) for c in change_sets.values()),
                             ms=timer.ms)
         _log(report)
@@ -100,24 +100,24 @@ class Sender:
               kind: SyncKind, extra_bytes: int = 0) -> SyncReport:
         timer = Timer()
         with timer.phase("encode"):
-            data = encode_full(weights, stream_id=self.stream_id, version=version)
+            frame = encode_full(weights, stream_id=self.stream_id, version=version)
         with timer.phase("send"):
-            ack = self._send(data, version, weights)
+            ack = self._send(frame, version, weights)
         if not ack.accepted:
             self.acknowledged = None
             raise SyncError(version, f"full sync rejected ({ack.rejection.value}): {ack.detail}")
         self.acknowledged, self.deltas_since_full = version, 0
         report = SyncReport(version=version, kind=kind, reason=reason, base_version=None,
-                            payload_bytes=len(data) + extra_bytes,
+                            payload_bytes=frame.nbytes + extra_bytes,
                             dense_bytes=_dense_bytes(weights), changed=None, ms=timer.ms)
         _log(report)
         return report
 
-    def _send(self, data: bytes, version: int, weights: Mapping[str, torch.Tensor]) -> Ack:
+    def _send(self, frame: Frame, version: int, weights: Mapping[str, torch.Tensor]) -> Ack:
         try:
             if self.digests:
-                return self.link.send(data, digests=digests(weights))
-            return self.link.send(data)
+                return self.link.send(frame, digests=digests(weights))
+            return self.link.send(frame)
         except LinkError as exc:
             self.acknowledged = None  # the receiver may or may not hold it now
             raise SyncError(version, f"link failed: {exc}") from exc

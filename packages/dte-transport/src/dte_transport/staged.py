@@ -26,7 +26,7 @@ from pathlib import Path
 
 import safetensors.torch
 import torch
-from dte_codec import CodecError, Header, Kind, digests
+from dte_codec import CodecError, Frame, Header, Kind, digests
 
 from .ack import Ack, Rejection
 from .durable import TEMP_PREFIX, fsync_dir, write_durable
@@ -87,11 +87,12 @@ class StagedLink:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def send(self, data: bytes, *, digests: Mapping[str, str] | None = None) -> Ack:
-        """Commit ``data`` as a version of the store.
+    def send(self, frame: Frame | bytes, *, digests: Mapping[str, str] | None = None) -> Ack:
+        """Commit ``frame`` as a version of the store.
 
         Args:
-            data: the payload.
+            frame: the payload, a frame (a delta's is written as its bytes, a full one's
+                body comes to the host tensor by tensor) or its bytes.
             digests: the sender's ``dte_codec.digests`` of its weights after this version;
                 the writer's replay must match them or the version is refused with
                 ``Rejection.DIGEST_MISMATCH`` (nothing written), and the manifest carries
@@ -102,16 +103,16 @@ class StagedLink:
             LinkError: a file could not be written; nothing new is visible to readers.
         """
         self.messages += 1
-        self.bytes_sent += len(data)
-        data = bytes(data)
+        self.bytes_sent += frame.nbytes if isinstance(frame, Frame) else len(frame)
         try:
-            header, _ = Header.unpack(memoryview(data))
+            header = (Header.unpack_head(memoryview(frame.header), frame.body_size)
+                      if isinstance(frame, Frame) else Header.unpack(memoryview(frame))[0])
         except CodecError as exc:
             return self._refuse(Rejection.BAD_PAYLOAD, exc)
         try:
             if header.kind == Kind.FULL:
-                return self._send_full(header, data, digests)
-            return self._send_delta(header, data, digests)
+                return self._send_full(header, frame, digests)
+            return self._send_delta(header, bytes(frame), digests)
         except BaseException as exc:
             self._shadow, self._digests = Receiver({}), {}
             if isinstance(exc, OSError):
@@ -119,13 +120,14 @@ class StagedLink:
                                 f"{header.payload_version} failed: {exc}") from exc
             raise
 
-    def _send_full(self, header: Header, data: bytes, expected: Mapping[str, str] | None) -> Ack:
+    def _send_full(self, header: Header, frame: Frame | bytes,
+                   expected: Mapping[str, str] | None) -> Ack:
         held = self._shadow
         kind = (StoredKind.ANCHOR if held.version is not None
                 and held.stream_id == header.stream_id else StoredKind.FULL)
         self._shadow, self._digests = Receiver({}), {}  # one model copy at a time
         shadow = Receiver({e.name: torch.empty(e.shape, dtype=e.dtype) for e in header.entries})
-        ack = shadow.receive(data, digests=expected)
+        ack = shadow.receive(frame, digests=expected)
         if not ack.accepted:
             return ack
         tensors = shadow.weights

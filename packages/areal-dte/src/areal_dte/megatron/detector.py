@@ -6,12 +6,14 @@ mixed-precision optimizer) at instance level, copying no Megatron code:
 
 - ``Method.CAST`` replaces ``_copy_main_params_to_model_params`` with the same copies
   of every fp32 main shard into its bf16 model param range, each fused with the compare
-  of the cast against the current bf16 values (``CastDetector.record_and_copy``: one
-  Triton pass on CUDA); dirty bits accumulate over any number of steps until ``commit``;
+  of the cast against the current bf16 values (``CastDetector.record_and_copy_all``: one
+  batched Triton pass over every shard on CUDA); dirty bits accumulate over any number of
+  steps until ``commit``;
 - ``Method.ADAMW`` registers step hooks on the inner torch optimizer (public
   ``register_step_pre_hook``/``register_step_post_hook``): each main shard's state is
   recorded when its step count moved, with the lr, betas and weight decay of that step;
-  ``collect`` inverts one step per shard with ``dte_detector.invert_adamw``.
+  ``collect`` inverts one step per shard, all shards together
+  (``dte_detector.invert_adamw_all``).
 
 Both give, per model param of this rank (a Megatron TP/PP/EP shard), flat indices into
 the param. The contract is the torch actor's: what a detector cannot vouch for sets
@@ -101,7 +103,12 @@ class MegatronChanges:
         if reason is not None:
             raise DeltaSyncError("megatron change sets", expected="no reason for a full sync",
                                  got=reason)
-        found = {name: self._changes(shard) for name, shard in self._shards.items()}
+        models = {name: shard.model for name, shard in self._shards.items()}
+        if self.method == Method.CAST:
+            local = {name: self._cast.changes(name, model) for name, model in models.items()}
+        else:  # one batched inversion over every shard
+            local = self._steps.changes_all(models)
+        found = {name: _in_param(local[name], shard) for name, shard in self._shards.items()}
         for group, names in self._dp_groups:
             found.update(union_over_dp({n: found[n] for n in names}, group,
                                        window_bytes=self._window))
@@ -114,13 +121,6 @@ class MegatronChanges:
             self._steps.commit(self._torch_optimizers)
         self._params.mark()
         self._reason = None
-
-    def _changes(self, shard: MainShard) -> ChangeSet:
-        detector = self._cast if self.method == Method.CAST else self._steps
-        found = detector.changes(shard.name, shard.model)
-        dtype = index_dtype(shard.param.numel())
-        return ChangeSet((found.indices.to(torch.int64) + shard.start).to(dtype),
-                         found.base_low, found.base_high)
 
     def _hook(self, inner: object, shards: Sequence[MainShard]) -> None:
         _wrap(inner, "reload_model_params", lambda: self._needs_full(RELOADED))
@@ -135,12 +135,21 @@ class MegatronChanges:
 
     @torch.no_grad()
     def _compare_and_copy(self, shards: Sequence[MainShard]) -> None:
-        for shard in shards:
-            self._cast.record_and_copy(shard.name, shard.main.detach(), shard.model)
+        self._cast.record_and_copy_all(
+            {shard.name: (shard.main.detach(), shard.model) for shard in shards})
 
     def _needs_full(self, reason: str) -> None:
         if self._reason is None:
             self._reason = reason
+
+
+def _in_param(found: ChangeSet, shard: MainShard) -> ChangeSet:
+    """A shard's change set with indices into its whole (flattened) model param."""
+    dtype = index_dtype(shard.param.numel())
+    if shard.start == 0 and found.indices.dtype == dtype:
+        return found
+    return ChangeSet((found.indices.to(torch.int64) + shard.start).to(dtype), found.base_low,
+                     found.base_high)
 
 
 def attach(optimizer: object, model: torch.nn.Module | Sequence[torch.nn.Module], *,

@@ -1,0 +1,80 @@
+"""Tile shapes of the batched detection kernels, timed against each other (GPU).
+
+For each candidate ``ROWSxWARPSxWAVES`` (rows of 8 elements per tile, warps per program,
+programs per multiprocessor) this sets the constants of ``inversion_kernel`` and
+``cast_kernel``, then times ``invert_adamw_all`` and ``CastDetector.record_and_copy_all``
+over the trajectory of ``tools/gpu/bench_kernels.py`` (``--numel`` elements in tensors of
+``--tensor-numel``), as a fraction of the copy bandwidth measured in the same run. Every
+candidate's change sets (and the cast's model bits) must equal the first candidate's bit
+for bit; the script exits 1 otherwise. Prints one Markdown row per candidate and kernel.
+
+Run (GPU machine, from the repository root):
+    PYTHONPATH=packages/dte-detector/src:packages/dte-codec/src:tools:tools/gpu \\
+        python3 tools/gpu/tune_kernels.py --candidates 128x4x16 32x1x32 --sha <sha>
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import sys
+
+import torch
+from bench_kernels import (CAST_BYTES, INVERSION_BYTES, CastRun, copy_bandwidth, invert_batched,
+                           median_ms, same, split, trajectory)
+from provenance import git_sha, machine
+
+from dte_detector import cast_kernel, inversion_kernel
+
+
+def parse() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--candidates", nargs="+", default=["128x4x16", "32x1x32"])
+    parser.add_argument("--numel", type=float, default=1e9)
+    parser.add_argument("--tensor-numel", type=float, default=2**28)
+    parser.add_argument("--lr", type=float, default=3e-6)
+    parser.add_argument("--weight-decay", type=float, default=0.003)
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--reps", type=int, default=10)
+    parser.add_argument("--sha", default=None, help="default: this checkout's")
+    return parser.parse_args()
+
+
+def main() -> int:
+    args = parse()
+    numel = int(args.numel)
+    bandwidth = copy_bandwidth(numel, args)
+    states, old, _ = trajectory(split(numel, args), args)
+    meta = (f"| {datetime.date.today().isoformat()} | `{args.sha or git_sha()}` "
+            f"| {machine('cuda')} | `python3 tools/gpu/tune_kernels.py {' '.join(sys.argv[1:])}` ")
+    print("| date | sha | machine | command | kernel | rows x warps x waves | numel | ms "
+          "| of copy | == first |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    first = None
+    bad = False
+    for candidate in args.candidates:
+        rows, warps, waves = (int(x) for x in candidate.split("x"))
+        for module in (inversion_kernel, cast_kernel):
+            module.ROWS, module.WARPS, module.WAVES = rows, warps, waves
+        inverted = invert_batched(states)
+        inversion_ms = median_ms(lambda: invert_batched(states), reps=args.reps,
+                                 warmup=args.warmup)
+        cast = CastRun(states, old, batched=True)
+        cast_ms = median_ms(cast, reps=args.reps, warmup=args.warmup, reset=cast.reset)
+        results = (inverted, cast.changes(), cast.model_bits())
+        if first is None:
+            first = results
+        equal = (same(first[0], results[0]) and same(first[1], results[1])
+                 and all(torch.equal(a, b) for a, b in zip(first[2], results[2])))
+        bad |= not equal
+        for kernel, ms, minimal in (("inversion", inversion_ms, INVERSION_BYTES),
+                                    ("cast", cast_ms, CAST_BYTES)):
+            print(f"{meta}| {kernel} | {candidate} | {numel:.3g} | {ms:.2f} "
+                  f"| {minimal * numel / ms / bandwidth:.0%} | {'yes' if equal else 'NO'} |",
+                  flush=True)
+        del cast, results, inverted
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
