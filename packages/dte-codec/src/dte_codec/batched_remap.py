@@ -38,7 +38,7 @@ from .fields import batched, host_table
 from .geometry import Transfer
 from .header import INDEX32_LIMIT
 from .remap import (Remapped, _affine, _check_boxes, _check_index_type, _check_range,
-                    _strides, remap)
+                    _out_of_range, _strides, remap)
 
 _INT64 = torch.int64
 Target = tuple[int, str]
@@ -146,7 +146,8 @@ def _remap_on(device: torch.device, items: list[RemapItem]) -> list[dict[Target,
     layout = _Layout.of(groups, geometries, [item.indices.numel() for item in ordered],
                         device)
     keyed, block_sizes = _reorder(_pairs(groups, flat, layout), layout)
-    routed = _split(keyed, block_sizes, flat, layout, ordered, geometries)
+    routed = _split(keyed, block_sizes, _out_of_range_any(groups, flat), layout, ordered,
+                    geometries)
     out: list[dict[Target, Remapped]] = [{} for _ in items]
     for k, result in zip(order, routed):
         out[k] = result
@@ -157,10 +158,10 @@ def _remap_on(device: torch.device, items: list[RemapItem]) -> list[dict[Target,
 # right-aligned source dimension).
 # _BLOCK_BASE: the group's first block in pair order, less its first item.
 _MASK_START, _ELEMENTS, _ELEMENT_START, _ITEMS, _SLOT_BASE, _BLOCK_BASE, _SHAPE = range(7)
-# Rows of the per-item table; of the per-block table (a block: one item and one transfer
+# The per-item table (one row); the per-block table (a block: one item and one transfer
 # slot), indexed by block in (item, slot) order, except the last row, indexed by block
 # in (group, slot, item) order, the order ``nonzero`` leaves pairs in.
-_ITEM_ELEMENT_START, _ITEM_COUNT, _ITEM_NUMEL = range(3)
+_ITEM_ELEMENT_START = 0
 _BLOCK_IN_PAIR_ORDER, _BLOCK_SEGMENT, _BLOCK_SEGMENT_START, _BLOCK_IN_ITEM_ORDER = range(4)
 
 
@@ -193,8 +194,7 @@ class _Layout:
         group_rows = [mask, elements, _exclusive(elements), items, _exclusive(slots),
                       [b - g.items[0] for b, g in zip(block_base, groups)]]
         segments = _Segments.of(geometries)
-        item_rows = [_exclusive(counts), counts,
-                     [math.prod(g.signature[0]) for g in geometries]]
+        item_rows = [_exclusive(counts)]
         return cls(dims=dims, group_mask_start=mask + [mask[-1] + slots[-1] * elements[-1]],
                    segments=segments.ids, segment_numel=segments.numel,
                    item_first_segment=segments.first,
@@ -386,17 +386,27 @@ def _reorder(pairs: _Pairs, layout: _Layout) -> tuple[_Keyed, torch.Tensor]:
     return _Keyed(*moved), new_sizes
 
 
-def _split(keyed: _Keyed, block_sizes: torch.Tensor, flat: torch.Tensor, layout: _Layout,
-           items: list[RemapItem], geometries: list[_Geometry]) -> list[dict[Target, Remapped]]:
+def _out_of_range_any(groups: list[_Group], flat: torch.Tensor) -> torch.Tensor:
+    """A ``(1,)`` int64 flag, no host synchronization: some index lies outside its
+    tensor. The items of a group share their shape, so one range per group."""
+    flags, start = [torch.zeros((), dtype=torch.bool, device=flat.device)], 0
+    for group in groups:
+        flags.append(_out_of_range(flat[start:start + group.elements],
+                                   group.geometry.signature[0]))
+        start += group.elements
+    return torch.stack(flags).any().view(1).to(_INT64)
+
+
+def _split(keyed: _Keyed, block_sizes: torch.Tensor, out_of_range: torch.Tensor,
+           layout: _Layout, items: list[RemapItem],
+           geometries: list[_Geometry]) -> list[dict[Target, Remapped]]:
     """Check, sort where needed and cut the pairs into per (item, target) views."""
-    device = flat.device
-    numel = torch.repeat_interleave(layout.items[_ITEM_NUMEL], layout.items[_ITEM_COUNT],
-                                    output_size=flat.numel())
-    out_of_range = ((flat < 0) | (flat >= numel)).any().view(1).to(_INT64)
+    device = out_of_range.device
     segment_sizes = torch.zeros(len(layout.segments), dtype=_INT64, device=device)
     segment_sizes.index_add_(0, layout.blocks[_BLOCK_SEGMENT], block_sizes)
+    # host synchronization 2
     summary = torch.cat([out_of_range, _descents(keyed, layout), segment_sizes]).tolist()
-    if summary[0]:  # host synchronization 2, above
+    if summary[0]:
         for item in items:
             _check_range(item.indices, item.source_shape, item.tensor)
     n_items = len(items)
