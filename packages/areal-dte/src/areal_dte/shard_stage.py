@@ -9,8 +9,9 @@ for such a rank. It checks a payload against the sender's tensors with
 held them by name), then maps every entry onto the local tensors through the shard's
 pieces:
 
-- a sparse entry's flat indices go through ``dte_codec.remap.remap``, batched over every
-  local tensor the entry reaches; residues resolve against the local values there;
+- the flat indices of every sparse entry go through one ``dte_codec.batched_remap.remap_all``
+  (a fixed number of kernel launches for the whole payload); residues resolve against
+  the local values there, on a GPU all entries at once;
 - a dense or box entry is cut into the boxes of the local tensors it overlaps.
 
 Elements that no piece of this shard holds (another rank's slice) are dropped; local
@@ -20,17 +21,21 @@ elements that no piece covers (vocab padding) are never written. The result is a
 
 from __future__ import annotations
 
+from collections import defaultdict
 from collections.abc import Mapping
 
 import attrs
 import torch
 from dte_codec import Kind, Payload
 from dte_codec.apply import Prepared, Staged, check_fit
+from dte_codec.batched_remap import RemapItem, remap_all
 from dte_codec.errors import GeometryError
+from dte_codec.fields import batched
+from dte_codec.flat_values import resolve_residues
 from dte_codec.geometry import Piece, Shard, Transfer, plan
-from dte_codec.header import Entry
+from dte_codec.header import Entry, ValueEncoding
 from dte_codec.region import Box
-from dte_codec.remap import remap
+from dte_codec.remap import Remapped
 from dte_codec.values import decode_values
 
 
@@ -85,34 +90,39 @@ class ShardStage:
             GeometryError: an index outside its canonical tensor.
         """
         kind = check_fit(self.canonical, [payload])
+        entries = list(zip(payload.header.entries, payload.indices, payload.values))
+        sparse = [k for k, (_, where, _) in enumerate(entries) if not isinstance(where, Box)]
+        resolved = dict(zip(sparse, self._sparse(weights, [entries[k] for k in sparse])))
         staged: list[Staged] = []
-        for entry, where, sections in zip(payload.header.entries, payload.indices,
-                                          payload.values):
-            if isinstance(where, Box):
+        for k, (entry, where, sections) in enumerate(entries):
+            if k in resolved:
+                staged.extend(resolved[k])
+            else:
                 staged.extend(self._boxes(weights, entry, where, sections[0],
                                           keep_undo=kind == Kind.DELTA))
-            else:
-                staged.extend(self._sparse(weights, entry, where, sections))
         return Prepared(tuple(staged), kind == Kind.FULL)
 
-    def _sparse(self, weights: Mapping[str, torch.Tensor], entry: Entry,
-                indices: torch.Tensor, sections: tuple[torch.Tensor, ...]) -> list[Staged]:
-        routed = {name: r for (_, name), r in remap(
-            self.transfers[entry.name], entry.shape, indices, tensor=entry.name).items()
-            if r.indices.numel()}
-        if not routed:
-            return []
-        device = weights[next(iter(routed))].device
-        # Residues resolve against a base value per carried element, but this rank holds
-        # only some of them. The others get +0.0, the middle of the key order: a residue
-        # moves a key by less than a quarter of the range, so they decode without a range
-        # error, and their values are dropped.
-        base = torch.zeros(entry.count, dtype=entry.dtype, device=device)
-        for name, r in routed.items():
-            base[r.positions] = weights[name].view(-1)[r.indices]
-        new = decode_values(entry, tuple(s.to(device) for s in sections), base)
-        return [Staged(name, weights[name], r.indices, new[r.positions], keep_undo=True)
-                for name, r in routed.items()]
+    def _sparse(self, weights: Mapping[str, torch.Tensor],
+                entries: list[tuple[Entry, torch.Tensor, tuple[torch.Tensor, ...]]]
+                ) -> list[list[Staged]]:
+        """Every sparse entry remapped in one ``remap_all`` and its values resolved
+        (residues of all entries on a GPU together), as writes into the local tensors."""
+        items = [RemapItem(self.transfers[entry.name], entry.shape,
+                           self._on_rank(weights, entry.name, indices), tensor=entry.name)
+                 for entry, indices, _ in entries]
+        routed = [{name: r for (_, name), r in out.items() if r.indices.numel()}
+                  for out in remap_all(items)]
+        bases = [_base(weights, entry, where) for (entry, _, _), where in zip(entries, routed)]
+        values = _resolve(entries, bases)
+        return [[Staged(name, weights[name], r.indices, new[r.positions], keep_undo=True)
+                 for name, r in where.items()]
+                for where, new in zip(routed, values)]
+
+    def _on_rank(self, weights: Mapping[str, torch.Tensor], name: str,
+                 indices: torch.Tensor) -> torch.Tensor:
+        """``indices`` on the device of the local tensors they reach (if any)."""
+        transfers = self.transfers[name]
+        return indices.to(weights[transfers[0].target_tensor].device) if transfers else indices
 
     def _boxes(self, weights: Mapping[str, torch.Tensor], entry: Entry, box: Box,
                raw: torch.Tensor, *, keep_undo: bool) -> list[Staged]:
@@ -130,3 +140,44 @@ class ShardStage:
                                  values[inside.slices()].reshape(local.size),
                                  keep_undo=keep_undo))
         return staged
+
+
+def _base(weights: Mapping[str, torch.Tensor], entry: Entry,
+          routed: Mapping[str, Remapped]) -> torch.Tensor | None:
+    """The local value under each element of ``entry`` this rank holds, +0.0 elsewhere;
+    None when it holds none."""
+    # Residues resolve against a base value per carried element, but this rank holds
+    # only some of them. The others get +0.0, the middle of the key order: a residue
+    # moves a key by less than a quarter of the range, so they decode without a range
+    # error, and their values are dropped.
+    if not routed:
+        return None
+    base = torch.zeros(entry.count, dtype=entry.dtype,
+                       device=weights[next(iter(routed))].device)
+    for name, r in routed.items():
+        base[r.positions] = weights[name].view(-1)[r.indices]
+    return base
+
+
+def _resolve(entries: list[tuple[Entry, torch.Tensor, tuple[torch.Tensor, ...]]],
+             bases: list[torch.Tensor | None]) -> list[torch.Tensor | None]:
+    """New values of every entry with a base: residue entries on a GPU resolved together
+    per device (``flat_values.resolve_residues``, one host synchronization), the others
+    and any group with a residue out of range by ``decode_values``, which raises its
+    error."""
+    values: list[torch.Tensor | None] = [None] * len(entries)
+    together: dict[torch.device, list[int]] = defaultdict(list)
+    for k, ((entry, _, _), base) in enumerate(zip(entries, bases)):
+        if base is not None and entry.value_encoding == ValueEncoding.RESIDUE \
+                and batched(base.device):
+            together[base.device].append(k)
+    for ks in together.values():
+        new, failures = resolve_residues([entries[k][0] for k in ks],
+                                         [entries[k][2] for k in ks], [bases[k] for k in ks])
+        if not int(failures):
+            for k, v in zip(ks, new):
+                values[k] = v
+    for k, ((entry, _, sections), base) in enumerate(zip(entries, bases)):
+        if base is not None and values[k] is None:
+            values[k] = decode_values(entry, tuple(s.to(base.device) for s in sections), base)
+    return values

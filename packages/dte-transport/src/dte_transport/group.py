@@ -33,10 +33,11 @@ import torch.distributed as dist
 import xxhash
 from dte_codec import ChangeSet, CodecError, Kind, decode
 from dte_codec.apply import prepare
+from dte_codec.batched_remap import RemapItem, remap_all
 from dte_codec.errors import ApplyError
 from dte_codec.geometry import Shard, Transfer, held_counts
 from dte_codec.parts import Part, assemble, box_part, sparse_part
-from dte_codec.remap import remap
+from dte_codec.remap import Remapped
 
 from .ack import Ack, Rejection
 from .errors import LinkError, SyncError
@@ -225,11 +226,16 @@ class GroupSender:
     def _delta_payloads(self, weights, change_sets: Mapping[str, ChangeSet], base: int,
                         version: int) -> dict[int, bytes]:
         parts: dict[int, list[Part]] = defaultdict(list)
-        for name, tensor in weights.items():
-            transfers, change = self.plan.get(name, ()), change_sets[name]
-            if transfers and len(change.indices):
-                for rank, part_list in _routed(name, tensor, transfers, change):
-                    parts[rank].extend(part_list)
+        changed = [(tensor, change_sets[name], RemapItem(
+                        self.plan[name], tuple(tensor.shape),
+                        change_sets[name].indices.to(device=tensor.device, dtype=torch.int64),
+                        tensor=name))
+                   for name, tensor in weights.items()
+                   if self.plan.get(name) and len(change_sets[name].indices)]
+        remapped = remap_all([item for _, _, item in changed])
+        for (tensor, change, item), routed in zip(changed, remapped):
+            for rank, part_list in _routed(item, tensor, change, routed):
+                parts[rank].extend(part_list)
         return {rank: bytes(assemble(parts.get(rank, []), stream_id=self.stream_id,
                                      kind=Kind.DELTA, base_version=base, version=version))
                 for rank in self.roles.rollouts}
@@ -241,18 +247,18 @@ def _box(transfer: Transfer, tensor: torch.Tensor) -> Part:
                     start=transfer.target_box.start)
 
 
-def _routed(name: str, tensor: torch.Tensor, transfers: Sequence[Transfer], change: ChangeSet):
-    """Per target of one source tensor: a sparse part, or its dense boxes when smaller."""
-    indices = change.indices.to(device=tensor.device, dtype=torch.int64)
+def _routed(item: RemapItem, tensor: torch.Tensor, change: ChangeSet,
+            routed: Mapping[tuple[int, str], Remapped]):
+    """Per target of one source tensor (``remap_all`` of its changes gave ``routed``): a
+    sparse part, or its dense boxes when smaller."""
     flat = tensor.reshape(-1)
-    for (rank, target), routed in remap(transfers, tuple(tensor.shape), indices,
-                                        tensor=name).items():
-        if routed.indices.numel() == 0:
+    for (rank, target), remapped in routed.items():
+        if remapped.indices.numel() == 0:
             continue
-        boxes = [t for t in transfers if t.target == (rank, target)]
-        positions = routed.positions
-        part = sparse_part(target, flat[indices[positions]], shape=boxes[0].target_shape,
-                           indices=routed.indices, base_low=change.base_low[positions],
+        boxes = [t for t in item.transfers if t.target == (rank, target)]
+        positions = remapped.positions
+        part = sparse_part(target, flat[item.indices[positions]], shape=boxes[0].target_shape,
+                           indices=remapped.indices, base_low=change.base_low[positions],
                            base_high=change.base_high[positions])
         dense = sum(t.target_box.numel for t in boxes) * tensor.element_size()
         yield rank, ([_box(t, tensor) for t in boxes] if part.nbytes >= dense else [part])
