@@ -42,19 +42,34 @@ def torch_adamw_states(optimizer: torch.optim.Optimizer) -> list[AdamWState]:
     decoupled = isinstance(optimizer, torch.optim.AdamW)
     if not isinstance(optimizer, torch.optim.Adam | torch.optim.AdamW):
         raise UnsupportedOptimizerError("type", type(optimizer).__name__, "AdamW")
-    states = []
+    stepped = []
     for group in optimizer.param_groups:
         if group.get("amsgrad"):
             raise UnsupportedOptimizerError("amsgrad", True, False)
         if not (decoupled or group.get("decoupled_weight_decay") or group["weight_decay"] == 0):
             raise UnsupportedOptimizerError("weight decay", "coupled (L2)", "decoupled")
+        stepped.extend((group, param, optimizer.state[param]) for param in group["params"]
+                       if optimizer.state.get(param))
+    steps = _read_steps([state["step"] for _, _, state in stepped])
+    states = []
+    for (group, param, state), step in zip(stepped, steps):
         beta1, beta2 = (float(b) for b in group["betas"])
-        for param in group["params"]:
-            state = optimizer.state.get(param)
-            if not state:
-                continue
-            hyper = AdamWStep(lr=float(group["lr"]), weight_decay=float(group["weight_decay"]),
-                              beta1=beta1, beta2=beta2, eps=float(group["eps"]),
-                              step=int(state["step"]))
-            states.append(AdamWState(param, state["exp_avg"], state["exp_avg_sq"], hyper))
+        hyper = AdamWStep(lr=float(group["lr"]), weight_decay=float(group["weight_decay"]),
+                          beta1=beta1, beta2=beta2, eps=float(group["eps"]), step=step)
+        states.append(AdamWState(param, state["exp_avg"], state["exp_avg_sq"], hyper))
     return states
+
+
+def _read_steps(steps: list) -> list[int]:
+    """Every step count as an int. Fused and capturable AdamW keep them on the device:
+    those are read with one transfer per device, not one host synchronisation each."""
+    out = [s if not isinstance(s, torch.Tensor) else None for s in steps]
+    by_device: dict[torch.device, list[int]] = {}
+    for k, s in enumerate(steps):
+        if isinstance(s, torch.Tensor):
+            by_device.setdefault(s.device, []).append(k)
+    for positions in by_device.values():
+        values = torch.stack([steps[k].reshape(()).to(torch.float64) for k in positions])
+        for k, value in zip(positions, values.tolist()):
+            out[k] = value
+    return [int(s) for s in out]
