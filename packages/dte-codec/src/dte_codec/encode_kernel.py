@@ -25,8 +25,8 @@ import triton.language as tl
 
 from .fields import host_table
 from .header import RESIDUE_DTYPES, Header, IndexEncoding, ValueEncoding
-from .kernel_bits import (bit_length, column, load_int, order_key, put_fields, segment_of,
-                          width_mask)
+from .kernel_bits import (bit_length, block_positions, column, flags_before, load_int,
+                          order_key, put_fields, segment_of, width_mask)
 
 if TYPE_CHECKING:
     from .flat_encode import Layout
@@ -77,8 +77,7 @@ def _element(items, segments, k, valid, LOG: tl.constexpr):
 @triton.jit
 def _stats(items, segments, total, out, LOG: tl.constexpr, BLOCK: tl.constexpr,
            BINS: tl.constexpr):
-    k = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    valid = k < total
+    _, k, valid = block_positions(total, BLOCK)
     seg, _, idx, numel, gap, _, _, _, need = _element(items, segments, k, valid, LOG)
     wide = valid & (gap > 255)
     bad = valid & ((idx < 0) | (idx >= numel) | (gap <= 0))
@@ -109,9 +108,7 @@ def _escapes(items, layout, segments, k, valid, LOG: tl.constexpr):
 @triton.jit
 def _escape_counts(items, layout, segments, total, counts, blocks, LOG: tl.constexpr,
                    BLOCK: tl.constexpr):
-    block = tl.program_id(0)
-    k = block.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    valid = k < total
+    block, k, valid = block_positions(total, BLOCK)
     out = _escapes(items, layout, segments, k, valid, LOG)
     tl.store(counts + block, tl.sum(out[10].to(tl.int64)))
     tl.store(counts + blocks + block, tl.sum(out[11].to(tl.int64)))
@@ -120,16 +117,12 @@ def _escape_counts(items, layout, segments, total, counts, blocks, LOG: tl.const
 @triton.jit
 def _write(items, layout, segments, total, before, blocks, words, LOG: tl.constexpr,
            BLOCK: tl.constexpr):
-    block = tl.program_id(0)
-    k = block.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    valid = k < total
+    block, k, valid = block_positions(total, BLOCK)
     (seg, rank, idx, gap, bits, pattern, key, enc, venc, vwidth, gap_escaped,
      value_escaped) = _escapes(items, layout, segments, k, valid, LOG)
-    g = gap_escaped.to(tl.int64)
-    v = value_escaped.to(tl.int64)
-    gap_before = (tl.load(before + block) + tl.cumsum(g, 0) - g
+    gap_before = (flags_before(before, block, gap_escaped)
                   - column(layout, _GAP_BASE, segments, seg))
-    value_before = (tl.load(before + blocks + block) + tl.cumsum(v, 0) - v
+    value_before = (flags_before(before + blocks, block, value_escaped)
                     - column(layout, _VALUE_BASE, segments, seg))
     is_gap = enc == IndexEncoding.GAP8.value
     is_bitmap = enc == IndexEncoding.BITMAP.value

@@ -22,6 +22,22 @@ import triton.language as tl
 
 
 @triton.jit
+def block_positions(total, BLOCK: tl.constexpr):
+    """This program's block, its flat positions, and which of them are inside ``total``."""
+    block = tl.program_id(0)
+    k = block.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    return block, k, k < total
+
+
+@triton.jit
+def flags_before(before, block, flags):
+    """Per element, the flags set before it in the flat space: ``before[block]`` (a prefix
+    sum of per-block counts) plus those ahead of it in its block."""
+    flags = flags.to(tl.int64)
+    return tl.load(before + block) + tl.cumsum(flags, 0) - flags
+
+
+@triton.jit
 def width_mask(width):
     """``2**width - 1`` for int64 widths 0..64 (all ones for 64)."""
     ones = width * 0 + 1
@@ -138,9 +154,11 @@ def put_fields(words, pos, value, width, valid):
 @triton.jit
 def get_fields(words, pos, width, last):
     """The ``width``-bit unsigned fields at bit ``pos`` of ``words`` (``fields.read_fields``);
-    words past ``last`` read as the last one, so untrusted positions never fault."""
+    a field of width 0 reads nothing, and words past ``last`` read as the last one, so
+    untrusted positions never fault."""
     shift = pos & 63
     word = tl.minimum(tl.maximum(pos >> 6, 0), last)
-    low = shift_right(tl.load(words + word), shift)
-    upper = tl.load(words + tl.minimum(word + 1, last)) << tl.where(shift > 0, 64 - shift, 0)
-    return (low | tl.where(shift > 0, upper, 0)) & width_mask(width)
+    used = width > 0
+    low = shift_right(tl.load(words + word, mask=used, other=0), shift)
+    upper = tl.load(words + tl.minimum(word + 1, last), mask=used & (shift > 0), other=0)
+    return (low | (upper << tl.where(shift > 0, 64 - shift, 0))) & width_mask(width)
