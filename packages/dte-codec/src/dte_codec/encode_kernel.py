@@ -10,8 +10,9 @@ table), and recomputes what it needs.
 2. ``_escape_counts``: per block, how many GAP8 gaps and how many residues it escapes,
    once the host has chosen the encodings; a prefix sum over the blocks then gives every
    escape its rank without a pass over the elements.
-3. ``_write``: every field of every winning encoding, OR-ed into the zeroed body words
-   (``kernel_bits.put_fields``), five field streams per element.
+3. ``_write``: every field of every winning encoding, added into the zeroed body words
+   (``kernel_bits.put_fields``), five field streams per element; each element also
+   recomputes the next one's positions, to know where its word's run ends.
 """
 
 from __future__ import annotations
@@ -115,45 +116,61 @@ def _escape_counts(items, layout, segments, total, counts, blocks, LOG: tl.const
 
 
 @triton.jit
-def _write(items, layout, segments, total, before, blocks, words, LOG: tl.constexpr,
-           BLOCK: tl.constexpr):
-    block, k, valid = block_positions(total, BLOCK)
+def _fields(layout, segments, element, gap_before, value_before):
+    """An element's five fields (bit position, value, width), one per field stream; an
+    element with nothing in a stream gives width 0 at the stream's next position."""
     (seg, rank, idx, gap, bits, pattern, key, enc, venc, vwidth, gap_escaped,
-     value_escaped) = _escapes(items, layout, segments, k, valid, LOG)
-    gap_before = (flags_before(before, block, gap_escaped)
-                  - column(layout, _GAP_BASE, segments, seg))
-    value_before = (flags_before(before + blocks, block, value_escaped)
-                    - column(layout, _VALUE_BASE, segments, seg))
+     value_escaped) = element
+    gap_before -= column(layout, _GAP_BASE, segments, seg)
+    value_before -= column(layout, _VALUE_BASE, segments, seg)
     is_gap = enc == IndexEncoding.GAP8.value
     is_bitmap = enc == IndexEncoding.BITMAP.value
     is_ef = enc == IndexEncoding.ELIAS_FANO.value
     # first index section: raw index, gap byte, Elias-Fano low bits or bitmap bit
-    first = column(layout, _FIRST, segments, seg)
-    pos = first + tl.where(is_bitmap, idx, rank * column(layout, _STRIDE, segments, seg))
-    value = tl.where(is_gap, tl.where(gap > 255, 0, gap), tl.where(is_bitmap, 1, idx))
-    put_fields(words, pos, value, column(layout, _WIDTH, segments, seg), valid)
+    pos1 = column(layout, _FIRST, segments, seg) + tl.where(
+        is_bitmap, idx, rank * column(layout, _STRIDE, segments, seg))
+    value1 = tl.where(is_gap, tl.where(gap > 255, 0, gap), tl.where(is_bitmap, 1, idx))
+    width1 = column(layout, _WIDTH, segments, seg)
     # second index section: escaped gaps, or the Elias-Fano upper bits
     second = column(layout, _SECOND, segments, seg)
     escape_bits = column(layout, _ESCAPE_BITS, segments, seg)
     low_width = column(layout, _LOW_WIDTH, segments, seg)
-    pos = tl.where(is_gap, second + gap_before * escape_bits,
-                   tl.where(is_ef, second + (idx >> low_width) + rank, second))
-    width = tl.where(gap_escaped, escape_bits, is_ef.to(tl.int64))
-    put_fields(words, pos, tl.where(is_gap, gap, 1), width, valid)
-    # residue fields of the values not escaped
-    residue = venc == ValueEncoding.RESIDUE.value
-    pos = column(layout, _FIELDS, segments, seg) + (rank - value_before) * vwidth
-    put_fields(words, pos, key, tl.where(value_escaped, 0, vwidth), valid)
-    # escape positions
+    pos2 = tl.where(is_gap, second + gap_before * escape_bits,
+                    tl.where(is_ef, second + (idx >> low_width) + rank, second))
+    width2 = tl.where(gap_escaped, escape_bits, is_ef.to(tl.int64))
+    # residue fields of the values not escaped, then escape positions
+    pos3 = column(layout, _FIELDS, segments, seg) + (rank - value_before) * vwidth
+    width3 = tl.where(value_escaped, 0, vwidth)
     position_bits = column(layout, _POSITION_BITS, segments, seg)
-    pos = column(layout, _POSITIONS, segments, seg) + value_before * position_bits
-    put_fields(words, pos, rank, tl.where(value_escaped, position_bits, 0), valid)
+    pos4 = column(layout, _POSITIONS, segments, seg) + value_before * position_bits
+    width4 = tl.where(value_escaped, position_bits, 0)
     # raw values: every value of a RAW entry, the escaped ones of a RESIDUE entry
-    raw = venc == ValueEncoding.RAW.value
+    residue = venc == ValueEncoding.RESIDUE.value
     item_bits = tl.where(venc >= 0, bits, 0)
-    pos = column(layout, _RAW, segments, seg) + tl.where(residue, value_before, rank) * item_bits
-    width = tl.where(raw | value_escaped, item_bits, 0)
-    put_fields(words, pos, pattern, width, valid)
+    pos5 = column(layout, _RAW, segments, seg) + tl.where(residue, value_before, rank) * item_bits
+    width5 = tl.where((venc == ValueEncoding.RAW.value) | value_escaped, item_bits, 0)
+    return (pos1, value1, width1, pos2, tl.where(is_gap, gap, 1), width2, pos3, key, width3,
+            pos4, rank, width4, pos5, pattern, width5)
+
+
+@triton.jit
+def _write(items, layout, segments, total, before, blocks, words, LOG: tl.constexpr,
+           BLOCK: tl.constexpr):
+    block, k, valid = block_positions(total, BLOCK)
+    # the next element, in this block, tells each element whether its word's run ends
+    has_next = (k + 1 < total) & (tl.arange(0, BLOCK) < BLOCK - 1)
+    here = _escapes(items, layout, segments, k, valid, LOG)
+    there = _escapes(items, layout, segments, k + 1, has_next, LOG)
+    gaps = flags_before(before, block, here[10])
+    values = flags_before(before + blocks, block, here[11])
+    a = _fields(layout, segments, here, gaps, values)
+    b = _fields(layout, segments, there, gaps + here[10].to(tl.int64),
+                values + here[11].to(tl.int64))
+    put_fields(words, a[0], a[1], a[2], valid, b[0], has_next)
+    put_fields(words, a[3], a[4], a[5], valid, b[3], has_next)
+    put_fields(words, a[6], a[7], a[8], valid, b[6], has_next)
+    put_fields(words, a[9], a[10], a[11], valid, b[9], has_next)
+    put_fields(words, a[12], a[13], a[14], valid, b[12], has_next)
 
 
 class FusedFlat:

@@ -8,11 +8,10 @@ by a binary search over the first column (the segments' flat starts), so no per-
 segment array is ever materialized. Tensors of different entries are reached through
 their addresses in the table (``load_int``), so one launch covers every tensor.
 
-``put_fields`` writes bit fields into int64 body words. Within one call the fields' words
-never decrease along the flat index space; the elements of a block that share a word are
-OR-ed together by a scan, and one atomic OR per word and block stores them (a field that
-straddles two words ORs its high part into the next one). Elements that write nothing
-give width 0 at a position that keeps the words in order.
+``put_fields`` adds bit fields into int64 body words with two atomic adds per run of
+elements that share a word (a field that straddles two words adds its high part to the
+next one). Elements that write nothing give width 0 at a position inside the body, next
+to their stream's fields, so runs stay long.
 """
 
 from __future__ import annotations
@@ -55,10 +54,9 @@ def bit_length(x):
     """Bits needed for each non-negative int64 ``x`` (0 for 0)."""
     n = x * 0
     for i in tl.static_range(6):
-        step: tl.constexpr = 32 >> i
-        big = (x >> step) != 0
-        x = tl.where(big, x >> step, x)
-        n += tl.where(big, step, 0)
+        big = (x >> (32 >> i)) != 0
+        x = tl.where(big, x >> (32 >> i), x)
+        n += tl.where(big, 32 >> i, 0)
     return n + (x != 0).to(tl.int64)
 
 
@@ -118,37 +116,30 @@ def store_int(address, at, value, size, mask):
 
 
 @triton.jit
-def _or_runs(key_a, bits_a, key_b, bits_b):
-    # Keys never decrease along a block: the larger key is the later element, and its
-    # run carries the earlier bits only when both share the word. Symmetric in a and b.
-    same = key_a == key_b
-    later = tl.where(key_a > key_b, bits_a, bits_b)
-    return tl.maximum(key_a, key_b), tl.where(same, bits_a | bits_b, later)
+def put_fields(words, pos, value, width, valid, next_pos, has_next):
+    """Add the low ``width`` bits (0..64) of each valid element's ``value`` into the body
+    ``words`` at bit ``pos``; ``next_pos``: the next element's position in the same field
+    stream (if ``has_next``, i.e. it is valid and in this block). A 64-bit field must
+    start on a word boundary.
 
-
-@triton.jit
-def _count_left(key_a, count_a, key_b, count_b):
-    # Reverse scan: the smaller key is the earlier element; count the elements from it
-    # to the end of its run.
-    same = key_a == key_b
-    earlier = tl.where(key_a < key_b, count_a, count_b)
-    return tl.minimum(key_a, key_b), tl.where(same, count_a + count_b, earlier)
-
-
-@triton.jit
-def put_fields(words, pos, value, width, valid):
-    """OR the low ``width`` bits (0..64) of each valid element's ``value`` into the body
-    ``words`` at bit ``pos``; a 64-bit field must start on a word boundary."""
-    word = tl.where(valid, pos >> 6, 1 << 62)  # past any body: keeps the keys in order
+    Fields never overlap, so adding is OR-ing. The elements of a block that share a word
+    and follow each other form a run; its sum is the difference of the block's prefix
+    sums at its last element and at the last element before it. So each run's last
+    element adds the prefix sum at itself to its word and subtracts it from the next
+    run's word: two atomic adds per run, whatever the number of fields in it, and every
+    word ends up as the sum (wrapping int64, exact) of its fields. Nothing else may write
+    the words with another operation while fields are added.
+    """
+    word = pos >> 6
     shift = pos & 63
     field = value & width_mask(width)
-    low = tl.where(valid, field << shift, 0)
-    _, run = tl.associative_scan((word, low), 0, _or_runs)
-    _, left = tl.associative_scan((word, word * 0 + 1), 0, _count_left, reverse=True)
-    tl.atomic_or(words + word, run, mask=valid & (left == 1) & (run != 0))
+    total = tl.cumsum(tl.where(valid, field << shift, 0), 0)
+    ends = valid & ~(has_next & ((next_pos >> 6) == word))
+    tl.atomic_add(words + word, total, mask=ends)
+    tl.atomic_add(words + (next_pos >> 6), -total, mask=ends & has_next)
     straddles = valid & (shift + width > 64)
     high = shift_right(field, tl.where(straddles, 64 - shift, 0))
-    tl.atomic_or(words + word + 1, high, mask=straddles & (high != 0))
+    tl.atomic_add(words + word + 1, high, mask=straddles & (high != 0))
 
 
 @triton.jit

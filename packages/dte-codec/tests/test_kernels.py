@@ -1,0 +1,193 @@
+"""The fused Triton kernels of the batched codec against the per-tensor reference.
+
+On a CUDA device the kernels run there (marker ``gpu`` for the large cases); on the CPU
+they run under Triton's interpreter, which this module switches on before the kernels
+are first imported (``dispatch.interpreted``). Every check compares bytes, indices,
+values or errors with the torch reference exactly, so one differing element fails it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import os
+
+import pytest
+import torch
+from codec_cases import (Change, HostReads, assert_apply_agrees, assert_corrupt_decodes_agree,
+                         assert_decoders_agree, assert_encoders_agree, assert_residues_agree,
+                         tensor_and_change)
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
+
+from dte_codec import apply_
+from dte_codec.decode import decode_batched, decode_per_entry
+from dte_codec.dispatch import interpreted
+from dte_codec.encode import encode_delta_batched, encode_delta_per_tensor
+from dte_codec.errors import ApplyError
+
+CUDA = torch.cuda.is_available()
+DEVICE = "cuda" if CUDA else "cpu"
+if not CUDA:
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None,
+                                reason="needs triton")
+EXAMPLES = settings(max_examples=40 if CUDA else 6, deadline=None)
+"""The interpreter runs a kernel as numpy per program: fewer examples on the CPU."""
+
+
+def kernels() -> contextlib.AbstractContextManager[None]:
+    return contextlib.nullcontext() if CUDA else interpreted()
+
+
+EDGES = [
+    # count == numel (bitmap), L = 0 Elias-Fano, one element, a long run and far gaps
+    [(torch.arange(600, dtype=torch.bfloat16),
+      Change(torch.arange(600), *(torch.zeros(600, dtype=torch.bfloat16),) * 2))],
+    [(torch.randn(3000).bfloat16(),
+      Change(torch.arange(0, 3000, 2), *(torch.zeros(1500, dtype=torch.bfloat16),) * 2))],
+    [(torch.randn(100000).half(),
+      Change(torch.tensor([99999]), *(torch.ones(1, dtype=torch.float16),) * 2))],
+    [(torch.randn(200000),  # GAP8: a run, then gaps over a byte
+      Change(torch.cat([torch.arange(10, 2000), torch.tensor([9000, 150000, 199999])]),
+             *(torch.zeros(1993),) * 2))],
+]
+
+
+@EXAMPLES
+@given(st.lists(tensor_and_change(), max_size=6))
+@example(EDGES[0])
+@example(EDGES[1])
+@example(EDGES[2])
+@example(EDGES[3])
+def test_kernel_encoder_writes_the_reference_bytes(cases):
+    """Over dtypes, shapes, densities, gaps, bounds (so residue widths and escapes):
+    byte-identical payloads."""
+    with kernels():
+        assert_encoders_agree(cases, DEVICE)
+
+
+@EXAMPLES
+@given(st.lists(tensor_and_change(), max_size=6))
+@example(EDGES[1] + EDGES[3])
+def test_kernel_decoder_finds_the_change_sets(cases):
+    """The kernel decoder finds every change set's indices, as the reference does."""
+    with kernels():
+        assert_decoders_agree(cases, DEVICE)
+
+
+@EXAMPLES
+@given(st.lists(tensor_and_change(), min_size=1, max_size=4), st.data())
+def test_kernel_decoder_rejects_what_the_reference_rejects(cases, data):
+    """Corrupted bodies: the reference's error, or the reference's payload."""
+    with kernels():
+        assert_corrupt_decodes_agree(cases, data, DEVICE)
+
+
+@EXAMPLES
+@given(st.lists(tensor_and_change(), min_size=1, max_size=4), st.booleans(),
+       st.integers(0, 2**31 - 1))
+def test_kernel_residues_resolve_as_the_reference(cases, inside, seed):
+    """Residues against bases inside the bounds or arbitrary: same values or error."""
+    with kernels():
+        assert_residues_agree(cases, inside, seed, DEVICE)
+
+
+@EXAMPLES
+@given(st.lists(tensor_and_change(), min_size=1, max_size=4))
+@example(EDGES[0] + EDGES[2])
+def test_kernel_apply_writes_the_sender_tensors(cases):
+    """One gather and one scatter launch per device leave the receiver bit-equal to the
+    sender, as the reference apply does."""
+    with kernels():
+        assert_apply_agrees(cases, DEVICE)
+
+
+def _payload_and_base():
+    gen = torch.Generator().manual_seed(3)
+    new = {f"w{i}": torch.randn(4000, generator=gen).bfloat16() for i in range(3)}
+    base = {name: t.clone() for name, t in new.items()}
+    changes = {}
+    for name, t in base.items():
+        at = torch.arange(1, 4000, 7)
+        t.view(torch.int16)[at] += 1
+        changes[name] = Change(at, t[at], t[at])
+    data = encode_delta_per_tensor(new, changes, stream_id="s", base_version=0, version=1)
+    return data, {name: t.to(DEVICE) for name, t in base.items()}
+
+
+def test_kernel_apply_restores_every_tensor_when_the_write_fails(monkeypatch):
+    """A scatter that fails after writing leaves every tensor at its base, from the
+    gathered undo log, and raises ``ApplyError``."""
+    from dte_codec.scatter_kernel import FlatEntries
+    data, receiver = _payload_and_base()
+    before = {name: t.clone() for name, t in receiver.items()}
+    scatter = FlatEntries.scatter
+    calls = []
+
+    def failing(self, values):
+        scatter(self, values)
+        calls.append(len(values))
+        if len(calls) == 1:
+            raise RuntimeError("device error")
+
+    monkeypatch.setattr(FlatEntries, "scatter", failing)
+    with kernels(), pytest.raises(ApplyError) as info:
+        apply_(receiver, decode_batched(data, device=DEVICE))
+    assert "every tensor was restored" in str(info.value)
+    assert [3, 3] == calls  # the write, then the undo
+    for name, t in before.items():
+        assert t.view(torch.int16).tolist() == receiver[name].view(torch.int16).tolist()
+
+
+def test_kernel_paths_read_the_device_a_fixed_number_of_times():
+    """Encode reads the device twice (the statistics: ``cpu`` then ``tolist``; the body:
+    ``numpy``), decode once (the failed-check count), apply once (the residue check)."""
+    data, receiver = _payload_and_base()
+    new = {"w": torch.randn(4000).bfloat16().to(DEVICE)}
+    at = torch.arange(0, 4000, 9, device=DEVICE)
+    changes = {"w": Change(at, new["w"][at], new["w"][at])}
+    with kernels(), HostReads() as reads:
+        encode_delta_batched(new, changes, stream_id="s", base_version=0, version=1)
+    assert ["cpu", "tolist", "numpy"] == reads.calls
+    with kernels():
+        payload = decode_batched(data, device=DEVICE)
+        with HostReads() as reads:
+            decode_batched(data, device=DEVICE)
+        assert ["__int__"] == reads.calls
+        with HostReads() as reads:
+            apply_(receiver, payload)
+    assert ["__int__"] == reads.calls
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA device (4 GB tensors)")
+def test_kernels_past_two_to_the_31_elements():
+    """A 2**31 + 77-element tensor: int64 gap escapes (GAP8) and Elias-Fano low bits of
+    28 bits, encoded, decoded and applied exactly as the reference does."""
+    numel = 2**31 + 77
+    new = {"run": torch.zeros(numel, dtype=torch.bfloat16, device="cuda"),
+           "far": torch.zeros(numel, dtype=torch.bfloat16, device="cuda")}
+    where = {"run": torch.cat([torch.arange(5, 3005), torch.tensor([2**31 - 1, 2**31 + 3,
+                                                                     numel - 1])]),
+             "far": torch.tensor([0, 5, 2**31 - 1, 2**31 + 3, numel - 1])}
+    changes = {}
+    for name, at in where.items():
+        at = at.cuda()
+        new[name][at] = torch.randn(at.numel(), device="cuda").bfloat16()
+        low = (new[name][at].view(torch.int16) - 1).view(torch.bfloat16)
+        changes[name] = Change(at, low, low)
+    expected = encode_delta_per_tensor(new, changes, stream_id="s", base_version=0, version=1)
+    actual = encode_delta_batched(new, changes, stream_id="s", base_version=0, version=1)
+    assert expected == actual
+    payload = decode_batched(actual, device="cuda")
+    assert ["GAP8", "ELIAS_FANO"] == [e.index_encoding.name for e in payload.header.entries]
+    for entry, found in zip(payload.header.entries, payload.indices):
+        assert where[entry.name].tolist() == found.tolist()
+    for name, change in changes.items():
+        new[name][change.indices] = change.base_low  # the receiver's base
+    apply_(new, payload)
+    for name, at in where.items():
+        got = new[name][at.cuda()].view(torch.int16)
+        assert (changes[name].base_low.view(torch.int16) + 1).tolist() == got.tolist()
