@@ -31,9 +31,26 @@ from .kernel_bits import column, flags_before, get_fields, segment_of, shift_rig
 
 BLOCK = 1024
 _INT64 = torch.int64
-(_FIRST_BLOCK, _START, _COUNT, _NUMEL, _ENC, _FIRST, _STRIDE, _WIDTH, _SECOND, _ESCAPE_BITS,
- _LOW_WIDTH) = range(11)
-(_STREAM_FIRST_BLOCK, _STREAM_ENTRY, _STREAM_WORD, _STREAM_LIMIT, _STREAM_WORDS) = range(5)
+_FIRST_BLOCK = tl.constexpr(0)
+_START = tl.constexpr(1)
+_COUNT = tl.constexpr(2)
+_NUMEL = tl.constexpr(3)
+_ENC = tl.constexpr(4)
+_FIRST = tl.constexpr(5)
+_STRIDE = tl.constexpr(6)
+_WIDTH = tl.constexpr(7)
+_SECOND = tl.constexpr(8)
+_ESCAPE_BITS = tl.constexpr(9)
+_LOW_WIDTH = tl.constexpr(10)
+_STREAM_FIRST_BLOCK = tl.constexpr(0)
+_STREAM_ENTRY = tl.constexpr(1)
+_STREAM_WORD = tl.constexpr(2)
+_STREAM_LIMIT = tl.constexpr(3)
+_STREAM_WORDS = tl.constexpr(4)
+_E_INT32 = tl.constexpr(IndexEncoding.INT32.value)
+_E_INT64 = tl.constexpr(IndexEncoding.INT64.value)
+_E_GAP8 = tl.constexpr(IndexEncoding.GAP8.value)
+_E_ELIAS_FANO = tl.constexpr(IndexEncoding.ELIAS_FANO.value)
 
 
 @triton.jit
@@ -62,10 +79,10 @@ def _fields(table, segments, words, last, out, wides, LOG: tl.constexpr,
     valid = rank < column(table, _COUNT, segments, seg)
     pos = column(table, _FIRST, segments, seg) + rank * column(table, _STRIDE, segments, seg)
     width = tl.where(valid, column(table, _WIDTH, segments, seg), 0)
-    if (enc == IndexEncoding.INT32.value) | (enc == IndexEncoding.INT64.value):
+    if (enc == _E_INT32) | (enc == _E_INT64):
         value = get_fields(words, pos, width, last)
         tl.store(out + column(table, _START, segments, seg) + rank, value, mask=valid)
-    if enc == IndexEncoding.GAP8.value:
+    if enc == _E_GAP8:
         wide = valid & (get_fields(words, pos, width, last) == 0)
         tl.store(wides + block, tl.sum(wide.to(tl.int64)))
 
@@ -74,7 +91,7 @@ def _fields(table, segments, words, last, out, wides, LOG: tl.constexpr,
 def _gaps(table, segments, words, last, wide_before, gap_before, sums, failures, out,
           LOG: tl.constexpr, BLOCK: tl.constexpr, WRITE: tl.constexpr):
     block, seg, rank = _entry_block(table, segments, LOG, BLOCK)
-    if column(table, _ENC, segments, seg) == IndexEncoding.GAP8.value:
+    if column(table, _ENC, segments, seg) == _E_GAP8:
         valid = rank < column(table, _COUNT, segments, seg)
         byte = get_fields(words, column(table, _FIRST, segments, seg) + rank * 8,
                           tl.where(valid, 8, 0), last)
@@ -116,7 +133,7 @@ def _stream(streams, table, segments, entries, words, last, counts, before, fail
         count = column(table, _COUNT, entries, entry)
         start = column(table, _START, entries, entry)
         low_width = column(table, _LOW_WIDTH, entries, entry)
-        is_ef = column(table, _ENC, entries, entry) == IndexEncoding.ELIAS_FANO.value
+        is_ef = column(table, _ENC, entries, entry) == _E_ELIAS_FANO
         first_low = column(table, _FIRST, entries, entry)
         r = flags_before(before, block, ones) - tl.load(before + column(streams, 0, segments, s))
         for _ in range(tl.max(ones)):

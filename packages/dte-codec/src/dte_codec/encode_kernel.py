@@ -38,12 +38,38 @@ HIST_BINS = 64
 _INT64 = torch.int64
 
 # columns of the items table (one row per column, one entry per tensor)
-_START, _NUMEL, _BITS, _RESIDUE, _INDEX_AT, _INDEX_SIZE, _VALUE_AT, _SIZE, _LOW_AT, \
-    _HIGH_AT = range(10)
+_START = tl.constexpr(0)
+_NUMEL = tl.constexpr(1)
+_BITS = tl.constexpr(2)
+_RESIDUE = tl.constexpr(3)
+_INDEX_AT = tl.constexpr(4)
+_INDEX_SIZE = tl.constexpr(5)
+_VALUE_AT = tl.constexpr(6)
+_SIZE = tl.constexpr(7)
+_LOW_AT = tl.constexpr(8)
+_HIGH_AT = tl.constexpr(9)
 # columns of the layout table: flat_encode.Layout.COLUMNS, then per tensor the escapes
 # (GAP8 gaps, residues) of the tensors before it
-(_ENC, _FIRST, _STRIDE, _WIDTH, _SECOND, _ESCAPE_BITS, _LOW_WIDTH, _VENC, _VWIDTH, _FIELDS,
- _POSITIONS, _POSITION_BITS, _RAW, _GAP_BASE, _VALUE_BASE) = range(15)
+_ENC = tl.constexpr(0)
+_FIRST = tl.constexpr(1)
+_STRIDE = tl.constexpr(2)
+_WIDTH = tl.constexpr(3)
+_SECOND = tl.constexpr(4)
+_ESCAPE_BITS = tl.constexpr(5)
+_LOW_WIDTH = tl.constexpr(6)
+_VENC = tl.constexpr(7)
+_VWIDTH = tl.constexpr(8)
+_FIELDS = tl.constexpr(9)
+_POSITIONS = tl.constexpr(10)
+_POSITION_BITS = tl.constexpr(11)
+_RAW = tl.constexpr(12)
+_GAP_BASE = tl.constexpr(13)
+_VALUE_BASE = tl.constexpr(14)
+_E_GAP8 = tl.constexpr(IndexEncoding.GAP8.value)
+_E_BITMAP = tl.constexpr(IndexEncoding.BITMAP.value)
+_E_ELIAS_FANO = tl.constexpr(IndexEncoding.ELIAS_FANO.value)
+_V_RAW = tl.constexpr(ValueEncoding.RAW.value)
+_V_RESIDUE = tl.constexpr(ValueEncoding.RESIDUE.value)
 
 
 @triton.jit
@@ -100,8 +126,8 @@ def _escapes(items, layout, segments, k, valid, LOG: tl.constexpr):
     enc = column(layout, _ENC, segments, seg)
     venc = column(layout, _VENC, segments, seg)
     vwidth = column(layout, _VWIDTH, segments, seg)
-    gap_escaped = valid & (enc == IndexEncoding.GAP8.value) & (gap > 255)
-    value_escaped = valid & (venc == ValueEncoding.RESIDUE.value) & (need > vwidth)
+    gap_escaped = valid & (enc == _E_GAP8) & (gap > 255)
+    value_escaped = valid & (venc == _V_RESIDUE) & (need > vwidth)
     return (seg, rank, idx, gap, bits, pattern, key, enc, venc, vwidth, gap_escaped,
             value_escaped)
 
@@ -123,9 +149,9 @@ def _fields(layout, segments, element, gap_before, value_before):
      value_escaped) = element
     gap_before -= column(layout, _GAP_BASE, segments, seg)
     value_before -= column(layout, _VALUE_BASE, segments, seg)
-    is_gap = enc == IndexEncoding.GAP8.value
-    is_bitmap = enc == IndexEncoding.BITMAP.value
-    is_ef = enc == IndexEncoding.ELIAS_FANO.value
+    is_gap = enc == _E_GAP8
+    is_bitmap = enc == _E_BITMAP
+    is_ef = enc == _E_ELIAS_FANO
     # first index section: raw index, gap byte, Elias-Fano low bits or bitmap bit
     pos1 = column(layout, _FIRST, segments, seg) + tl.where(
         is_bitmap, idx, rank * column(layout, _STRIDE, segments, seg))
@@ -145,10 +171,10 @@ def _fields(layout, segments, element, gap_before, value_before):
     pos4 = column(layout, _POSITIONS, segments, seg) + value_before * position_bits
     width4 = tl.where(value_escaped, position_bits, 0)
     # raw values: every value of a RAW entry, the escaped ones of a RESIDUE entry
-    residue = venc == ValueEncoding.RESIDUE.value
+    residue = venc == _V_RESIDUE
     item_bits = tl.where(venc >= 0, bits, 0)
     pos5 = column(layout, _RAW, segments, seg) + tl.where(residue, value_before, rank) * item_bits
-    width5 = tl.where((venc == ValueEncoding.RAW.value) | value_escaped, item_bits, 0)
+    width5 = tl.where((venc == _V_RAW) | value_escaped, item_bits, 0)
     return (pos1, value1, width1, pos2, tl.where(is_gap, gap, 1), width2, pos3, key, width3,
             pos4, rank, width4, pos5, pattern, width5)
 

@@ -22,7 +22,11 @@ from .kernel_bits import block_positions, column, load_int, segment_of, store_in
 
 BLOCK = 1024
 _INT64 = torch.int64
-_START, _TARGET_AT, _INDEX_AT, _SIZE, _FLAT_AT = range(5)
+_START = tl.constexpr(0)
+_TARGET_AT = tl.constexpr(1)
+_INDEX_AT = tl.constexpr(2)
+_SIZE = tl.constexpr(3)
+_FLAT_AT = tl.constexpr(4)
 
 
 @triton.jit

@@ -25,8 +25,17 @@ from .kernel_bits import (block_positions, column, flags_before, from_order_key,
 
 BLOCK = 1024
 _INT64 = torch.int64
-(_START, _ESCAPE_START, _FIELDS_AT, _FIELDS_LAST, _WIDTH, _POSITIONS_AT, _POSITION_SIZE,
- _RAW_AT, _SIZE, _BASE_AT, _OUT_AT) = range(11)
+_START = tl.constexpr(0)
+_ESCAPE_START = tl.constexpr(1)
+_FIELDS_AT = tl.constexpr(2)
+_FIELDS_LAST = tl.constexpr(3)
+_WIDTH = tl.constexpr(4)
+_POSITIONS_AT = tl.constexpr(5)
+_POSITION_SIZE = tl.constexpr(6)
+_RAW_AT = tl.constexpr(7)
+_SIZE = tl.constexpr(8)
+_BASE_AT = tl.constexpr(9)
+_OUT_AT = tl.constexpr(10)
 
 
 @triton.jit
