@@ -247,13 +247,22 @@ def both(what: str, fn: Callable[[], object], a: argparse.Namespace, device: tor
     return torch_out, measure(f"{what}_fused", fn, a, device, results)
 
 
+PATHS = (("encode_reference", "encode, per tensor"), ("encode_torch", "encode, batched torch"),
+         ("encode_fused", "encode, fused kernels"), ("decode_reference", "decode, per entry"),
+         ("decode_torch", "decode, batched torch"), ("decode_fused", "decode, fused kernels"),
+         ("values_reference", "values, per entry"), ("values_torch", "values, batched torch"),
+         ("values_fused", "values, fused kernels"), ("apply_torch", "apply_, batched torch"),
+         ("apply_fused", "apply_, fused kernels"))
+
+
 def _rows(r: dict) -> None:
-    """One row per path: wall ms, launches, host syncs, memcpys, kernel ms, peak extra GB."""
-    for name in ("encode_reference", "encode_torch", "encode_fused", "decode_reference",
-                 "decode_torch", "decode_fused", "values_reference", "values_torch",
-                 "values_fused", "apply_torch", "apply_fused"):
-        m = r[name]
-        print(f"| {r['date']} | `{r['sha']}` | {r['machine']} | {name} | "
+    """The rows of ``docs/benchmarks.md``'s table: wall ms, launches, host syncs, memcpys,
+    kernel ms, peak extra GPU GB per path."""
+    command = ("`PYTHONPATH=packages/dte-codec/src:tools python3 "
+               "tools/gpu/bench_codec_batched.py --reps 3`")
+    for key, label in PATHS:
+        m = r[key]
+        print(f"| {r['date']} | `{r['sha']}` | {r['machine']} | {command} | {label} | "
               f"{m['median_ms']:.1f} | {m['launches']:,} | {m['syncs']:,} | {m['memcpys']:,} | "
               f"{m['kernel_ms']:.1f} | {m.get('peak_extra_gb', 0.0):.2f} |")
 

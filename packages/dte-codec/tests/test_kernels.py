@@ -164,14 +164,15 @@ def test_kernel_paths_read_the_device_a_fixed_number_of_times():
 @pytest.mark.gpu
 @pytest.mark.skipif(not CUDA, reason="needs a CUDA device (4 GB tensors)")
 def test_kernels_past_two_to_the_31_elements():
-    """A 2**31 + 77-element tensor: int64 gap escapes (GAP8) and Elias-Fano low bits of
-    28 bits, encoded, decoded and applied exactly as the reference does."""
-    numel = 2**31 + 77
+    """Tensors of over 2**31 elements: a run with 64-bit gap escapes (GAP8) and far-apart
+    indices in Elias-Fano with 28 low bits, encoded, decoded and applied exactly as the
+    reference does."""
+    numel = 2**31 + 1000
     new = {"run": torch.zeros(numel, dtype=torch.bfloat16, device="cuda"),
            "far": torch.zeros(numel, dtype=torch.bfloat16, device="cuda")}
     where = {"run": torch.cat([torch.arange(5, 3005), torch.tensor([2**31 - 1, 2**31 + 3,
                                                                      numel - 1])]),
-             "far": torch.tensor([0, 5, 2**31 - 1, 2**31 + 3, numel - 1])}
+             "far": torch.tensor([0, 300000, 2**31 - 1, 2**31 + 300, numel - 1])}
     changes = {}
     for name, at in where.items():
         at = at.cuda()
@@ -182,7 +183,8 @@ def test_kernels_past_two_to_the_31_elements():
     actual = encode_delta_batched(new, changes, stream_id="s", base_version=0, version=1)
     assert expected == actual
     payload = decode_batched(actual, device="cuda")
-    assert ["GAP8", "ELIAS_FANO"] == [e.index_encoding.name for e in payload.header.entries]
+    assert [("GAP8", 3, 0), ("ELIAS_FANO", 0, 28)] == [
+        (e.index_encoding.name, e.index_escapes, e.index_width) for e in payload.header.entries]
     for entry, found in zip(payload.header.entries, payload.indices):
         assert where[entry.name].tolist() == found.tolist()
     for name, change in changes.items():
@@ -191,3 +193,13 @@ def test_kernels_past_two_to_the_31_elements():
     for name, at in where.items():
         got = new[name][at.cuda()].view(torch.int16)
         assert (changes[name].base_low.view(torch.int16) + 1).tolist() == got.tolist()
+
+
+def test_kernel_apply_bumps_the_version_counters():
+    """The scatter writes through addresses; each written tensor's version counter still
+    moves, as with torch's in-place writes (autograd and outside-write checks read it)."""
+    data, receiver = _payload_and_base()
+    before = {name: t._version for name, t in receiver.items()}
+    with kernels():
+        apply_(receiver, decode_batched(data, device=DEVICE))
+    assert all(receiver[name]._version > version for name, version in before.items())

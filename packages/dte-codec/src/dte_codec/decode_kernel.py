@@ -25,6 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .dispatch import on_device
 from .fields import host_table
 from .header import Entry, IndexEncoding
 from .kernel_bits import column, flags_before, get_fields, segment_of, shift_right, width_mask
@@ -170,6 +171,12 @@ def decode(sparse: Sequence[tuple[Entry, list[int]]], rows: Sequence[tuple[int, 
     ``rows``: per entry ``flat_decode._row`` (encoding, first, stride, width, second,
     escape_bits, low_width, numel, escapes, bit_limit); ``words``: the body as int64.
     """
+    with on_device(words.device):
+        return _decode(sparse, rows, words)
+
+
+def _decode(sparse: Sequence[tuple[Entry, list[int]]], rows: Sequence[tuple[int, ...]],
+            words: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     device, last = words.device, words.numel() - 1
     counts = [entry.count for entry, _ in sparse]
     blocks = [triton.cdiv(n, BLOCK) for n in counts]

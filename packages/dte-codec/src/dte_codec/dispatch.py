@@ -47,6 +47,11 @@ def fused(device: torch.device) -> bool:
             and _triton_installed())
 
 
+def on_device(device: torch.device) -> contextlib.AbstractContextManager[object]:
+    """Triton launches on the current CUDA device: make it ``device`` for the block."""
+    return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
+
+
 @functools.cache
 def _triton_installed() -> bool:
     return importlib.util.find_spec("triton") is not None

@@ -24,6 +24,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .dispatch import on_device
 from .fields import host_table
 from .header import RESIDUE_DTYPES, Header, IndexEncoding, ValueEncoding
 from .kernel_bits import (bit_length, block_positions, column, flags_before, load_int,
@@ -231,8 +232,9 @@ class FusedFlat:
         of the residue widths ``0..bins-1`` that values need (``TorchFlat.stats``)."""
         out = torch.zeros(self.segments, 2 + HIST_BINS, dtype=_INT64, device=self.device)
         if self.blocks:
-            _stats[(self.blocks,)](self.items, self.segments, self.total, out, LOG=self.log,
-                                   BLOCK=BLOCK, BINS=HIST_BINS)
+            with on_device(self.device):
+                _stats[(self.blocks,)](self.items, self.segments, self.total, out,
+                                       LOG=self.log, BLOCK=BLOCK, BINS=HIST_BINS)
         return torch.cat([out[:, 0], out[:, 1], out[:, 2:2 + bins].reshape(-1)]).cpu()
 
     def write(self, header: Header, layout: Layout) -> torch.Tensor:
@@ -250,11 +252,12 @@ class FusedFlat:
             return words.view(torch.uint8)
         counts = torch.empty(2, self.blocks, dtype=_INT64, device=self.device)
         grid = (self.blocks,)
-        _escape_counts[grid](self.items, table, self.segments, self.total, counts,
-                             self.blocks, LOG=self.log, BLOCK=BLOCK)
-        before = torch.cumsum(counts, 1) - counts
-        _write[grid](self.items, table, self.segments, self.total, before, self.blocks, words,
-                     LOG=self.log, BLOCK=BLOCK)
+        with on_device(self.device):
+            _escape_counts[grid](self.items, table, self.segments, self.total, counts,
+                                 self.blocks, LOG=self.log, BLOCK=BLOCK)
+            before = torch.cumsum(counts, 1) - counts
+            _write[grid](self.items, table, self.segments, self.total, before, self.blocks,
+                         words, LOG=self.log, BLOCK=BLOCK)
         return words.view(torch.uint8)
 
 

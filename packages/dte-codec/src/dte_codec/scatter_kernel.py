@@ -17,6 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .dispatch import on_device
 from .fields import host_table
 from .kernel_bits import block_positions, column, load_int, segment_of, store_int
 
@@ -83,10 +84,13 @@ class FlatEntries:
         """Write per entry ``values`` (contiguous, its tensor's dtype, on the device) at
         its indices."""
         self._launch([v.data_ptr() for v in values], to_flat=False)
+        # written through addresses: tell autograd, as an in-place torch write would
+        torch.autograd.graph.increment_version(self.targets)
 
     def _launch(self, addresses: list[int], *, to_flat: bool) -> None:
         if self.total:
             table = host_table(self._columns + [addresses], self.device)
-            _move[(triton.cdiv(self.total, BLOCK),)](
-                table, len(self.counts), self.total, LOG=self.log, BLOCK=BLOCK,
-                TO_FLAT=to_flat)
+            with on_device(self.device):
+                _move[(triton.cdiv(self.total, BLOCK),)](
+                    table, len(self.counts), self.total, LOG=self.log, BLOCK=BLOCK,
+                    TO_FLAT=to_flat)

@@ -18,6 +18,7 @@ import triton
 import triton.language as tl
 
 from .bits import BYTE_BITS
+from .dispatch import on_device
 from .fields import host_table
 from .header import Entry, index_itemsize
 from .kernel_bits import (block_positions, column, flags_before, from_order_key, get_fields,
@@ -85,6 +86,12 @@ def resolve(entries: Sequence[Entry], sections: Sequence[tuple[torch.Tensor, ...
             bases: Sequence[torch.Tensor]) -> tuple[list[torch.Tensor], torch.Tensor]:
     """``flat_values.resolve_residues`` on the kernels; sections 8-byte aligned, on the
     bases' device."""
+    with on_device(bases[0].device):
+        return _resolve_all(entries, sections, bases)
+
+
+def _resolve_all(entries: Sequence[Entry], sections: Sequence[tuple[torch.Tensor, ...]],
+                 bases: Sequence[torch.Tensor]) -> tuple[list[torch.Tensor], torch.Tensor]:
     device = bases[0].device
     starts, offsets, escape_starts, at, nbytes, escapes = [], [], [], 0, 0, 0
     for entry in entries:
