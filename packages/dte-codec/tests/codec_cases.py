@@ -12,9 +12,11 @@ from hypothesis import note
 from hypothesis import strategies as st
 
 from dte_codec import apply_
-from dte_codec.decode import decode_batched, decode_per_entry
-from dte_codec.encode import encode_delta_batched, encode_delta_per_tensor
+from dte_codec.decode import _body, decode_batched, decode_per_entry
+from dte_codec.encode import encode_delta_per_tensor
 from dte_codec.errors import CodecError
+from dte_codec.flat_decode import decode_indices_flat
+from dte_codec.flat_encode import encode_delta_flat
 from dte_codec.flat_values import resolve_residues
 from dte_codec.header import DIGEST_OFFSET, DTYPES, Header, ValueEncoding, payload_digest
 from dte_codec.values import decode_values
@@ -82,10 +84,13 @@ def _encode(cases) -> bytes:
 
 
 def assert_encoders_agree(cases, device) -> None:
-    """The batched encoder on ``device`` writes the reference's bytes."""
+    """The batched encoder on ``device`` writes the reference's bytes, itself (valid
+    change sets never send it down the reference path)."""
     expected = _encode(cases)
-    actual = encode_delta_batched(*named(cases, device), stream_id="s", base_version=4,
-                                  version=5)
+    tensors, changes = named(cases, device)
+    items = [(name, tensor, changes[name]) for name, tensor in tensors.items()
+             if changes[name].indices.numel()]
+    actual = encode_delta_flat(items, stream_id="s", base_version=4, version=5)
     note(f"{len(expected)} vs {len(actual)} bytes")
     assert expected == actual
 
@@ -107,6 +112,12 @@ def assert_decoders_agree(cases, device) -> None:
     data = _encode(cases)
     payload = decode_batched(data, device=device)
     same_payload(decode_per_entry(data), payload)
+    view = memoryview(data)
+    header, offset = Header.unpack(view)
+    flat = decode_indices_flat(header.entries, _body(view[offset:], device))
+    assert flat.valid()  # found by the batched decoder itself, not its fallback
+    sparse = [w for w in payload.indices if isinstance(w, torch.Tensor)]
+    assert [w.tolist() for w in sparse] == [w.tolist() for w in flat.indices]
     _, changes = named(cases)
     for entry, where in zip(payload.header.entries, payload.indices):
         if isinstance(where, torch.Tensor):
@@ -148,6 +159,11 @@ def assert_residues_agree(cases, inside: bool, seed: int, device) -> None:
         return
     bases = [changes[e.name].base_low if inside else patterns(gen, e.dtype, e.count)
              for e, _, _ in picked]
+    if inside:  # every residue resolves: the batched resolver reports no failure
+        _, failures = resolve_residues([e for e, _, _ in picked],
+                                       [v for _, _, v in _to(picked, device)],
+                                       [b.to(device) for b in bases])
+        assert 0 == int(failures)
     outcomes = []
     for resolve, where in ((_reference_residues, "cpu"), (_flat_residues, device)):
         try:

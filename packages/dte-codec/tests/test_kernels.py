@@ -104,6 +104,16 @@ def test_kernel_apply_writes_the_sender_tensors(cases):
         assert_apply_agrees(cases, DEVICE)
 
 
+def test_kernel_apply_stages_one_batch_per_device():
+    """Valid sparse entries are staged as one kernel batch, not entry by entry (the
+    path a residue failure falls back to)."""
+    from dte_codec.apply import StagedBatch, prepare
+    data, receiver = _payload_and_base()
+    with kernels():
+        staged = prepare(receiver, [decode_batched(data, device=DEVICE)]).entries
+    assert [StagedBatch] == [type(s) for s in staged]
+
+
 def _payload_and_base():
     gen = torch.Generator().manual_seed(3)
     new = {f"w{i}": torch.randn(4000, generator=gen).bfloat16() for i in range(3)}
@@ -203,3 +213,37 @@ def test_kernel_apply_bumps_the_version_counters():
     with kernels():
         apply_(receiver, decode_batched(data, device=DEVICE))
     assert all(receiver[name]._version > version for name, version in before.items())
+
+
+def test_kernel_decoder_reads_encodings_the_encoder_never_picks():
+    """Elias-Fano with no low bits (L = 0) and INT64 indices of a small tensor are legal
+    payloads that the encoder never writes (a bitmap or INT32 is smaller): decoded by the
+    kernels to the reference's indices."""
+    from dte_codec.flat_decode import decode_indices_flat
+    from dte_codec.header import Entry, Header, IndexEncoding, Kind
+    from dte_codec.indices import _elias_fano
+    from dte_codec.parts import Part, assemble
+    dense = torch.arange(3, 700, 3)  # 233 of 700
+    many = torch.cat([torch.arange(0, 400), torch.arange(401, 700)])  # 699 of 700
+    parts = []
+    for name, at, numel in (("ef", many, 700), ("wide", dense, 700)):
+        values = torch.randn(at.numel()).bfloat16()
+        if name == "ef":
+            encoded = _elias_fano(at, numel)
+            assert 0 == encoded.width
+            fields = {"index_encoding": IndexEncoding.ELIAS_FANO, "index_width": 0}
+            sections = encoded.sections
+        else:
+            fields = {"index_encoding": IndexEncoding.INT64}
+            sections = (at.to(torch.int64).view(torch.uint8),)
+        entry = Entry(name=name, dtype=torch.bfloat16, shape=(numel,), count=at.numel(),
+                      **fields)
+        parts.append(Part(entry, sections + (values.view(torch.uint8),)))
+    data = assemble(parts, stream_id="s", kind=Kind.DELTA, base_version=0, version=1)
+    header, _ = Header.unpack(memoryview(data))
+    body = torch.frombuffer(bytearray(data[-header.body_size():]), dtype=torch.uint8)
+    with kernels():
+        flat = decode_indices_flat(header.entries, body.to(DEVICE))
+    assert flat.valid()
+    assert [many.tolist(), dense.tolist()] == [i.tolist() for i in flat.indices]
+    assert [many.tolist(), dense.tolist()] == [i.tolist() for i in decode_per_entry(data).indices]
