@@ -6,12 +6,15 @@ projection and four norms; embeddings and the final norm) lives on the GPU with 
 sets drawn at --changed (3.3 %) per tensor: each changed element moved from its base by
 +-1 ulp (87 %) or by up to +-64 ulps, bounds exact. In one process it times and profiles:
 
-* encode: ``encode_delta_per_tensor`` (the reference, the path before the batching) and
-  ``encode_delta_batched`` (flat; ``encode_delta``'s path on a GPU), checking that the
-  bytes are identical;
-* decode: ``decode_per_entry`` and ``decode_batched`` (``decode``'s path on a GPU);
-* values: ``values.decode_values`` per entry and ``flat_values.resolve_residues`` against
-  the receiver's base values; then ``apply_`` of the whole payload (flat path on a GPU).
+* encode: ``encode_delta_per_tensor`` (the reference, the path before the batching),
+  ``encode_delta_batched`` on torch ops (``dispatch.reference()``) and on the fused
+  Triton kernels (``encode_delta``'s path on a GPU), checking that the bytes are identical;
+* decode: ``decode_per_entry``, then ``decode_batched`` on torch ops and on the kernels,
+  checking that the indices are identical;
+* values: ``values.decode_values`` per entry, then ``flat_values.resolve_residues`` on
+  torch ops and on the kernels, against the receiver's base values, checking the values;
+* apply: ``apply_`` of the whole payload on torch ops (batched values, per-entry scatters)
+  and on the kernels (one gather, one scatter), checking the receiver bit for bit.
 
 Per path: wall time (median of --reps after one warm-up, CUDA synchronized), and from one
 torch.profiler run the kernel launches, memcpys and host synchronizations
@@ -38,6 +41,7 @@ from torch.profiler import ProfilerActivity, profile
 
 from dte_codec import apply_
 from dte_codec.decode import decode_batched, decode_per_entry
+from dte_codec.dispatch import reference
 from dte_codec.encode import encode_delta_batched, encode_delta_per_tensor
 from dte_codec.flat_values import resolve_residues
 from dte_codec.header import ValueEncoding
@@ -185,49 +189,82 @@ def main() -> None:
     args = {"stream_id": "bench", "base_version": 0, "version": 1}
     ref = measure("encode_reference", lambda: encode_delta_per_tensor(weights, changes, **args),
                   a, device, results)
-    flat = measure("encode_flat", lambda: encode_delta_batched(weights, changes, **args), a, device,
-                   results)
-    results["bytes_identical"] = bytes(ref) == bytes(flat)
+    flat = both("encode", lambda: encode_delta_batched(weights, changes, **args), a, device,
+                results)
+    results["bytes_identical"] = all(bytes(ref) == bytes(out) for out in flat)
+    flat = flat[1]
     results["payload_bytes"] = flat.nbytes
     results["bytes_per_changed"] = flat.nbytes / changed
     del ref
-    measure("decode_reference", lambda: decode_per_entry(flat, device=device), a, device,
-            results)
-    payload = measure("decode_flat", lambda: decode_batched(flat, device=device), a, device,
-                      results)
+    expected = measure("decode_reference", lambda: decode_per_entry(flat, device=device), a,
+                       device, results)
+    decoded = both("decode", lambda: decode_batched(flat, device=device), a, device, results)
+    results["indices_identical"] = all(
+        all(torch.equal(w, g) for w, g in zip(expected.indices, out.indices))
+        for out in decoded)
+    payload = decoded[1]
     residue = [(e, w, v) for e, w, v in zip(payload.header.entries, payload.indices,
                                             payload.values)
                if e.value_encoding == ValueEncoding.RESIDUE]
     base_values = [bases[e.name].view(-1)[w] for e, w, _ in residue]
-    measure("values_reference", lambda: [decode_values(e, v, b) for (e, _, v), b
-                                         in zip(residue, base_values)], a, device, results)
-    measure("values_flat", lambda: resolve_residues([e for e, _, _ in residue],
-                                                    [v for _, _, v in residue], base_values),
-            a, device, results)
+    want = measure("values_reference", lambda: [decode_values(e, v, b) for (e, _, v), b
+                                                in zip(residue, base_values)], a, device,
+                   results)
+    got = both("values", lambda: resolve_residues([e for e, _, _ in residue],
+                                                  [v for _, _, v in residue], base_values),
+               a, device, results)
+    results["values_identical"] = all(
+        all(torch.equal(x.view(torch.int16), y.view(torch.int16)) for x, y in zip(want, out[0]))
+        for out in got)
+    del want, got, base_values
     receiver = {n: b.clone() for n, b in bases.items()}
 
     def apply_once() -> None:
         for n, b in bases.items():
             receiver[n].copy_(b)
         apply_(receiver, payload)
-    measure("apply_flat", apply_once, a, device, results)
-    results["applied_equal"] = all(torch.equal(receiver[n].view(torch.int16),
-                                               weights[n].view(torch.int16)) for n in weights)
+
+    def applied_equal() -> bool:
+        return all(torch.equal(receiver[n].view(torch.int16), weights[n].view(torch.int16))
+                   for n in weights)
+
+    with reference():
+        measure("apply_torch", apply_once, a, device, results)
+    results["applied_equal_torch"] = applied_equal()
+    measure("apply_fused", apply_once, a, device, results)
+    results["applied_equal_fused"] = applied_equal()
     results.update(sha=git_sha(), machine=machine(a.device),
                    date=datetime.date.today().isoformat())
     print(json.dumps(results))
     _rows(results)
 
 
+def both(what: str, fn: Callable[[], object], a: argparse.Namespace, device: torch.device,
+         results: dict) -> tuple[object, object]:
+    """``fn`` measured on torch ops (``dispatch.reference()``), then on the kernels."""
+    with reference():
+        torch_out = measure(f"{what}_torch", fn, a, device, results)
+    return torch_out, measure(f"{what}_fused", fn, a, device, results)
+
+
+PATHS = (("encode_reference", "encode, per tensor"), ("encode_torch", "encode, batched torch"),
+         ("encode_fused", "encode, fused kernels"), ("decode_reference", "decode, per entry"),
+         ("decode_torch", "decode, batched torch"), ("decode_fused", "decode, fused kernels"),
+         ("values_reference", "values, per entry"), ("values_torch", "values, batched torch"),
+         ("values_fused", "values, fused kernels"), ("apply_torch", "apply_, batched torch"),
+         ("apply_fused", "apply_, fused kernels"))
+
+
 def _rows(r: dict) -> None:
-    for what in ("encode", "decode", "values"):
-        ref, flat = r[f"{what}_reference"], r[f"{what}_flat"]
-        print(f"| {r['date']} | `{r['sha']}` | {r['machine']} | {what} | "
-              f"{r['params'] / 1e9:.2f}e9 params, {r['tensors']} tensors, "
-              f"{100 * r['changed'] / r['params']:.1f} % changed | "
-              f"{ref['median_ms']:.0f} ms, {ref['launches']} launches, {ref['syncs']} syncs | "
-              f"{flat['median_ms']:.0f} ms, {flat['launches']} launches, {flat['syncs']} syncs | "
-              f"{ref['median_ms'] / flat['median_ms']:.1f}x |")
+    """The rows of ``docs/benchmarks.md``'s table: wall ms, launches, host syncs, memcpys,
+    kernel ms, peak extra GPU GB per path."""
+    command = ("`PYTHONPATH=packages/dte-codec/src:tools python3 "
+               "tools/gpu/bench_codec_batched.py --reps 3`")
+    for key, label in PATHS:
+        m = r[key]
+        print(f"| {r['date']} | `{r['sha']}` | {r['machine']} | {command} | {label} | "
+              f"{m['median_ms']:.1f} | {m['launches']:,} | {m['syncs']:,} | {m['memcpys']:,} | "
+              f"{m['kernel_ms']:.1f} | {m.get('peak_extra_gb', 0.0):.2f} |")
 
 
 if __name__ == "__main__":

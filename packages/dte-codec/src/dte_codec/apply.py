@@ -5,7 +5,9 @@ entries that overlap, coverage of a full version), gathers the current values at
 changed indices and resolves the new values (on a GPU every residue entry at once,
 ``flat_values``); nothing is written yet, so any
 ``CodecError`` there leaves the tensors untouched. Writing goes entry by entry and keeps
-what each entry overwrites as an undo log, O(changed) for sparse entries; if a write
+what each entry overwrites as an undo log, O(changed) for sparse entries (where the
+kernels run, ``dispatch.fused``, every sparse entry of a device is one batch: one gather
+launch for its undo log, one scatter launch for its values); if a write
 fails, every touched tensor is restored before the error propagates. Dense and box
 entries of a delta keep a copy of their region. A full version keeps no undo log (it
 would be a second copy of the model): a write failure there leaves the receiver without
@@ -20,17 +22,22 @@ from __future__ import annotations
 import itertools
 from collections import defaultdict
 from collections.abc import Callable, Mapping, MutableMapping, Sequence
+from typing import TYPE_CHECKING
 
 import attrs
 import torch
 
 from .decode import Payload
 from .errors import ApplyError, MismatchError
+from .dispatch import fused
 from .fields import batched
 from .flat_values import resolve_residues
 from .header import Entry, Kind, ValueEncoding
 from .region import Box
 from .values import decode_values
+
+if TYPE_CHECKING:
+    from .scatter_kernel import FlatEntries
 
 
 @attrs.frozen
@@ -97,7 +104,7 @@ class Prepared:
     any of them writes.
     """
 
-    entries: tuple[Staged, ...]
+    entries: tuple[Staged | StagedBatch, ...]
     full: bool
 
     def write(self, *, check: Callable[[], None] | None = None) -> None:
@@ -120,30 +127,91 @@ def prepare(weights: Mapping[str, torch.Tensor], payloads: Sequence[Payload], *,
              for payload in payloads
              for entry, where, sections in zip(payload.header.entries, payload.indices,
                                                payload.values)]
-    resolved = _resolve_all(items)
+    groups: dict[torch.device, list[int]] = defaultdict(list)
+    for k, (target, _, where, _) in enumerate(items):
+        if isinstance(where, torch.Tensor) and fused(target.device):
+            groups[target.device].append(k)
+    staged: list[Staged | StagedBatch] = []
+    for ks in groups.values():
+        batch = _stage_batch([items[k] for k in ks])
+        if batch is None:  # a residue that does not resolve: the reference raises its error
+            staged += [_stage(*items[k], kind, None) for k in ks]
+        else:
+            staged.append(batch)
+    taken = {k for ks in groups.values() for k in ks}
+    rest = [k for k in range(len(items)) if k not in taken]
+    resolved = _resolve_all(items, rest)
     if resolved is None:  # a residue that does not resolve: the reference raises its error
         resolved = {}
-    staged = [_stage(*item, kind, resolved.get(k)) for k, item in enumerate(items)]
+    staged += [_stage(*items[k], kind, resolved.get(k)) for k in rest]
     return Prepared(tuple(staged), kind == Kind.FULL)
 
 
+@attrs.frozen
+class StagedBatch:
+    """Every sparse entry of one device, written by one scatter launch
+    (``scatter_kernel``); the undo log is one gather launch."""
+
+    entries: FlatEntries
+    new: tuple[torch.Tensor, ...]
+
+    @property
+    def name(self) -> str:
+        return f"{len(self.new)} sparse entries on {self.entries.device}"
+
+    def saved(self) -> torch.Tensor:
+        return self.entries.gather()
+
+    def write(self) -> None:
+        self.entries.scatter(self.new)
+
+    def undo(self, old: torch.Tensor) -> None:
+        self.entries.scatter(self.entries.views(old))
+
+
+def _stage_batch(items: list[tuple[torch.Tensor, Entry, torch.Tensor, tuple[torch.Tensor, ...]]]
+                 ) -> StagedBatch | None:
+    """The sparse ``items`` of one device staged together: base values gathered in one
+    launch, residues resolved against them (one host synchronization); None when one does
+    not resolve."""
+    from .scatter_kernel import FlatEntries
+    device = items[0][0].device
+    entries = FlatEntries([t for t, _, _, _ in items], [w.to(device) for _, _, w, _ in items])
+    bases = entries.views(entries.gather())
+    residue = [k for k, (_, e, _, _) in enumerate(items)
+               if e.value_encoding == ValueEncoding.RESIDUE]
+    new = [s[0].to(device).view(e.dtype) if e.value_encoding == ValueEncoding.RAW else None
+           for _, e, _, s in items]
+    if residue:
+        values, failures = resolve_residues([items[k][1] for k in residue],
+                                            [items[k][3] for k in residue],
+                                            [bases[k] for k in residue])
+        if int(failures):
+            return None
+        for k, value in zip(residue, values):
+            new[k] = value
+    return StagedBatch(entries, tuple(new))
+
+
 def _resolve_all(items: list[tuple[torch.Tensor, Entry, torch.Tensor | Box,
-                                   tuple[torch.Tensor, ...]]]) -> dict[int, torch.Tensor] | None:
-    """New values of every residue entry on a GPU, resolved together (``flat_values``) per
-    device with one host synchronization each; None when one does not resolve. CPU
-    entries resolve one by one in ``_stage`` (``fields.batched``)."""
+                                   tuple[torch.Tensor, ...]]], ks: list[int]
+                 ) -> dict[int, torch.Tensor] | None:
+    """New values of the residue entries ``ks`` of ``items`` on a GPU, resolved together
+    (``flat_values``) per device with one host synchronization each; None when one does
+    not resolve. CPU entries resolve one by one in ``_stage`` (``fields.batched``)."""
     groups: dict[torch.device, list[int]] = defaultdict(list)
-    for k, (target, entry, _, _) in enumerate(items):
+    for k in ks:
+        target, entry = items[k][0], items[k][1]
         if entry.value_encoding == ValueEncoding.RESIDUE and batched(target.device):
             groups[target.device].append(k)
     resolved = {}
-    for device, ks in groups.items():
-        bases = [items[k][0].view(-1).index_select(0, items[k][2].to(device)) for k in ks]
-        values, failures = resolve_residues([items[k][1] for k in ks],
-                                            [items[k][3] for k in ks], bases)
+    for device, group in groups.items():
+        bases = [items[k][0].view(-1).index_select(0, items[k][2].to(device)) for k in group]
+        values, failures = resolve_residues([items[k][1] for k in group],
+                                            [items[k][3] for k in group], bases)
         if int(failures):
             return None
-        resolved.update(zip(ks, values))
+        resolved.update(zip(group, values))
     return resolved
 
 
@@ -174,10 +242,10 @@ def check_fit(weights: Mapping[str, torch.Tensor], payloads: Sequence[Payload], 
     return kind
 
 
-def _write(staged: list[Staged], *, full: bool, check: Callable[[], None] | None) -> None:
+def _write(staged: list[Staged | StagedBatch], *, full: bool, check: Callable[[], None] | None) -> None:
     # An entry joins the undo log before its write starts, so a write that fails halfway
     # is restored too; no_grad lets the writes reach leaf tensors that require grad.
-    undo: list[tuple[Staged, torch.Tensor | None]] = []
+    undo: list[tuple[Staged | StagedBatch, torch.Tensor | None]] = []
     done = 0
     with torch.no_grad():
         try:
@@ -202,7 +270,7 @@ def _write(staged: list[Staged], *, full: bool, check: Callable[[], None] | None
             raise
 
 
-def _restore(undo: list[tuple[Staged, torch.Tensor | None]]) -> None:
+def _restore(undo: list[tuple[Staged | StagedBatch, torch.Tensor | None]]) -> None:
     for item, old in reversed(undo):
         item.undo(old)
 

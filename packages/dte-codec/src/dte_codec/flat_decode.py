@@ -8,7 +8,9 @@ pass over all those bits (a rank per bit by prefix sum, then a scatter). Every c
 the reference (set-bit and escape counts, padding, ranges, strict increase, residue
 escape positions) becomes a count of failures on the device; ``FlatIndices.valid``
 reads them with one host synchronization. When a check fails, the caller decodes entry
-by entry to raise the reference's error.
+by entry to raise the reference's error. Where the kernels run (``dispatch.fused``) the
+index work is a handful of Triton launches instead (``decode_kernel``), same indices and
+same failure counts.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import attrs
 import torch
 
 from .bits import BYTE_BITS
+from .dispatch import fused
 from .fields import Segments, host_table, read_fields
 from .header import Entry, IndexEncoding, ValueEncoding, align, index_itemsize
 from .indices import GAP_ESCAPE, MAX_GAP_BYTE
@@ -57,9 +60,14 @@ def decode_indices_flat(entries: Sequence[Entry], body: torch.Tensor) -> FlatInd
     failures = [_escape_failures(entries, starts, words)]
     if not sparse:
         return FlatIndices((), sum(failures))
-    segs = Segments.of([e.count for e, _ in sparse], body.device)
-    table = host_table([list(c) for c in zip(*(_row(e, s) for e, s in sparse))], body.device)
-    flat, index_failures = _Decoder(segs, table, words, body).run(sparse)
+    if fused(body.device):
+        from .decode_kernel import decode
+        flat, index_failures = decode(sparse, [_row(e, s) for e, s in sparse], words)
+    else:
+        segs = Segments.of([e.count for e, _ in sparse], body.device)
+        table = host_table([list(c) for c in zip(*(_row(e, s) for e, s in sparse))],
+                           body.device)
+        flat, index_failures = _Decoder(segs, table, words, body).run(sparse)
     failures.append(index_failures)
     return FlatIndices(tuple(flat.split([e.count for e, _ in sparse])), sum(failures))
 

@@ -13,14 +13,16 @@ payload whatever the number of tensors:
    count and numel (``choose_indices``, ``choose_values``, the dense fallback); the
    header and the body layout follow.
 3. One pass writes every field of every winning encoding into one zeroed body buffer on
-   the device (``fields.Body``); dense entries are copied in; the body stays there and
-   its digest comes to the host (sync 2).
+   the device; dense entries are copied in; the body stays there and its digest comes
+   to the host (sync 2).
 
-The per-tensor gathers of the new values (one indexing op per tensor, each tensor its own
-storage) are the only launches that grow with the number of tensors; none of them waits
-for the device. Temporaries are O(changed elements): about a dozen int64 per element.
-A change set that fails validation sends the call down the reference path, which raises
-the error it always raised.
+On a GPU with Triton (``dispatch.fused``) the device work is three fused kernels
+(``encode_kernel``) that read the change sets and tensors in place: no per-element
+temporaries, a fixed number of launches, the body as the only large buffer. Elsewhere
+(and under ``dispatch.reference()``) ``TorchFlat`` does it with torch ops: one gather of
+new values per tensor and about a dozen int64 temporaries per element. Both write the
+same bytes as the reference. A change set that fails validation sends the call down the
+reference path, which raises the error it always raised.
 """
 
 from __future__ import annotations
@@ -36,11 +38,13 @@ from .fields import Body, Segments, host_table
 from .header import (DTYPE_CODES, INDEX32_LIMIT, MAX_NAME_BYTES, RESIDUE_DTYPES, Entry, Header,
                      IndexEncoding, Kind, ValueEncoding, align, index_itemsize)
 from .indices import MAX_GAP_BYTE, choose_indices
+from .dispatch import fused
 from .parts import checked_header, seal
 from .values import choose_values
 
 if TYPE_CHECKING:
     from .encode import ChangeSet
+    from .encode_kernel import FusedFlat
     from .frame import Frame
 
 _INT64 = torch.int64
@@ -69,8 +73,7 @@ def encode_delta_flat(items: Sequence[tuple[str, torch.Tensor, ChangeSet]], *, s
     device = todo[0].tensor.device
     if any(item.tensor.device != device for item in todo):
         return None
-    segs = Segments.of([item.count for item in todo], device)
-    flat = _Flat.gather(todo, segs, device)
+    flat = _flat(todo, device)
     bins = max((item.tensor.element_size() * BYTE_BITS for item in todo
                 if item.tensor.dtype in RESIDUE_DTYPES), default=0)
     stats = flat.stats(bins).tolist()  # host sync 1 of 2
@@ -83,8 +86,22 @@ def encode_delta_flat(items: Sequence[tuple[str, torch.Tensor, ChangeSet]], *, s
                for s, item in enumerate(todo)]
     header = checked_header(entries, stream_id=stream_id, kind=Kind.DELTA,
                             base_version=base_version, version=version)
-    body = flat.write(header, todo)
+    layout = Layout.of(header.entries, device)
+    body = flat.write(header, layout)
+    for entry, item, offset in zip(header.entries, todo, layout.dense_offsets):
+        if entry.index_encoding == IndexEncoding.DENSE:
+            data = item.tensor.detach().contiguous().reshape(-1).view(torch.uint8)
+            body[offset:offset + data.numel()].copy_(data)
     return seal(header, body)  # host sync 2 of 2: the body digest
+
+
+def _flat(todo: list[_Item], device: torch.device) -> TorchFlat | FusedFlat:
+    """The fused kernels where they run (``dispatch.fused``), else the torch ops."""
+    if fused(device):
+        from .encode_kernel import FusedFlat
+        return FusedFlat([item.tensor for item in todo], [item.change for item in todo],
+                         device)
+    return TorchFlat.gather(todo, device)
 
 
 def _fits(item: _Item) -> bool:
@@ -96,8 +113,9 @@ def _fits(item: _Item) -> bool:
     return name_ok and item.tensor.numel() > 0 and bounds_ok
 
 
-class _Flat:
-    """Indices, value bit patterns and bounds of every changed element, back to back."""
+class TorchFlat:
+    """Indices, value bit patterns and bounds of every changed element, back to back, as
+    int64 tensors (about a dozen per element at the peak)."""
 
     def __init__(self, segs: Segments, table: torch.Tensor, idx: torch.Tensor,
                  pattern: torch.Tensor, low: torch.Tensor, high: torch.Tensor):
@@ -115,7 +133,8 @@ class _Flat:
         self.need = torch.where(residue > 0, 1 + bit_length(span - 1), 0)
 
     @classmethod
-    def gather(cls, todo: list[_Item], segs: Segments, device: torch.device) -> _Flat:
+    def gather(cls, todo: list[_Item], device: torch.device) -> TorchFlat:
+        segs = Segments.of([item.count for item in todo], device)
         table = host_table([[item.tensor.numel() for item in todo],
                             [item.tensor.element_size() * BYTE_BITS for item in todo],
                             [int(item.tensor.dtype in RESIDUE_DTYPES) for item in todo]], device)
@@ -138,20 +157,14 @@ class _Flat:
         hist = segs.histogram(self.need, bins).reshape(-1)
         return torch.cat([segs.sums(self.wide), segs.sums(self.bad), hist]).cpu()
 
-    def write(self, header: Header, todo: list[_Item]) -> torch.Tensor:
-        """The body of ``header`` as uint8 on the device."""
-        layout = _Layout.of(header.entries, self.idx.device)
+    def write(self, header: Header, layout: Layout) -> torch.Tensor:
+        """The body of ``header`` as uint8 on the device, dense entries left zero."""
         body = Body(header.body_size(), self.segs.total, self.idx.device)
         home = self._write_indices(body, layout)
         self._write_values(body, layout, home)
-        out = body.bytes()
-        for entry, item, offset in zip(header.entries, todo, layout.dense_offsets):
-            if entry.index_encoding == IndexEncoding.DENSE:
-                data = item.tensor.detach().contiguous().reshape(-1).view(torch.uint8)
-                out[offset:offset + data.numel()].copy_(data)
-        return out
+        return body.bytes()
 
-    def _write_indices(self, body: Body, layout: _Layout) -> torch.Tensor:
+    def _write_indices(self, body: Body, layout: Layout) -> torch.Tensor:
         col, rank, idx = layout.column(self.segs), self.segs.rank, self.idx
         enc = col("index_encoding")
         is_gap, is_bitmap = enc == IndexEncoding.GAP8, enc == IndexEncoding.BITMAP
@@ -172,7 +185,7 @@ class _Flat:
                      torch.where(is_gap, self.gap, 1), width)
         return home
 
-    def _write_values(self, body: Body, layout: _Layout, home: torch.Tensor) -> None:
+    def _write_values(self, body: Body, layout: Layout, home: torch.Tensor) -> None:
         col, rank = layout.column(self.segs), self.segs.rank
         enc, width = col("value_encoding"), col("value_width")
         residue = enc == ValueEncoding.RESIDUE
@@ -192,7 +205,7 @@ class _Flat:
 
 
 @attrs.frozen
-class _Layout:
+class Layout:
     """Per entry, where and how wide each field goes, as one table on the device."""
 
     names: tuple[str, ...]
@@ -204,7 +217,7 @@ class _Layout:
                "position_bits", "raw")
 
     @classmethod
-    def of(cls, entries: Sequence[Entry], device: torch.device) -> _Layout:
+    def of(cls, entries: Sequence[Entry], device: torch.device) -> Layout:
         rows, dense, offset = [], [], 0
         for entry in entries:
             starts = []
@@ -224,7 +237,7 @@ class _Layout:
 
 
 def _row(entry: Entry, starts: list[int]) -> tuple[int, ...]:
-    """One entry's columns of ``_Layout.COLUMNS``; ``starts``: its sections' bit offsets."""
+    """One entry's columns of ``Layout.COLUMNS``; ``starts``: its sections' bit offsets."""
     enc, item_bits = entry.index_encoding, entry.itemsize * BYTE_BITS
     if enc == IndexEncoding.DENSE:
         return (-1, starts[0], item_bits, 0, starts[0], 0, 0, -1, 0, starts[0], starts[0], 0,

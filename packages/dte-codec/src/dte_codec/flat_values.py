@@ -1,7 +1,8 @@
 """Residue values of every entry resolved at once against the receiver's base values.
 
-The same values as ``values.decode_values`` entry by entry, from a fixed number of torch
-ops over all carried elements: each entry's residue fields, escape positions and escaped
+The same values as ``values.decode_values`` entry by entry. Where the kernels run
+(``dispatch.fused``) that is three launches (``values_kernel``); otherwise a fixed
+number of torch ops over all carried elements: each entry's residue fields, escape positions and escaped
 values are gathered into one buffer per section kind (one concatenation each), then read
 as fields at computed positions (``fields.read_fields``). The reference's one check (a
 residue that resolves outside the dtype's key range) becomes a count on the device that
@@ -16,6 +17,7 @@ from collections.abc import Sequence
 import torch
 
 from .bits import BYTE_BITS, from_order_keys_by_width, order_keys_by_width, width_mask
+from .dispatch import fused
 from .fields import WORD_BYTES, Segments, host_table, read_fields
 from .header import Entry, align, index_itemsize
 
@@ -28,6 +30,11 @@ def resolve_residues(entries: Sequence[Entry], sections: Sequence[tuple[torch.Te
     """New values of RESIDUE ``entries`` (value ``sections`` on the bases' device), and the
     number of residues that resolve outside the key range (0 when all are valid)."""
     device = bases[0].device
+    if fused(device):
+        moved = [tuple(s.to(device) for s in entry_sections) for entry_sections in sections]
+        if all(s.data_ptr() % WORD_BYTES == 0 for ss in moved for s in ss):  # word reads
+            from .values_kernel import resolve
+            return resolve(entries, moved, bases)
     segs = Segments.of([e.count for e in entries], device)
     (fields, field_at), (positions, position_at), (raw, raw_at) = (
         _packed([s[k] for s in sections], device) for k in range(3))

@@ -1,0 +1,155 @@
+"""Triton building blocks of the fused codec kernels: the same bit arithmetic as ``bits.py``
+and ``fields.py``, per element inside a kernel.
+
+A kernel program takes ``BLOCK`` consecutive elements of a flat index space cut into
+segments (one per payload entry). Per-segment numbers sit in an int64 table of
+``columns x segments`` (``column(table, c, segments, seg)``); an element finds its segment
+by a binary search over the first column (the segments' flat starts), so no per-element
+segment array is ever materialized. Tensors of different entries are reached through
+their addresses in the table (``load_int``), so one launch covers every tensor.
+
+``put_fields`` adds bit fields into int64 body words with two atomic adds per run of
+elements that share a word (a field that straddles two words adds its high part to the
+next one). Elements that write nothing give width 0 at a position inside the body, next
+to their stream's fields, so runs stay long.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def block_positions(total, BLOCK: tl.constexpr):
+    """This program's block, its flat positions, and which of them are inside ``total``."""
+    block = tl.program_id(0)
+    k = block.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    return block, k, k < total
+
+
+@triton.jit
+def flags_before(before, block, flags):
+    """Per element, the flags set before it in the flat space: ``before[block]`` (a prefix
+    sum of per-block counts) plus those ahead of it in its block."""
+    flags = flags.to(tl.int64)
+    return tl.load(before + block) + tl.cumsum(flags, 0) - flags
+
+
+@triton.jit
+def width_mask(width):
+    """``2**width - 1`` for int64 widths 0..64 (all ones for 64)."""
+    ones = width * 0 + 1
+    return tl.where(width >= 64, -ones, (ones << tl.minimum(width, 63)) - 1)
+
+
+@triton.jit
+def shift_right(x, n):
+    """Logical right shift of int64 ``x`` by ``n`` in 0..63."""
+    return (x.to(tl.uint64, bitcast=True) >> n.to(tl.uint64)).to(tl.int64, bitcast=True)
+
+
+@triton.jit
+def bit_length(x):
+    """Bits needed for each non-negative int64 ``x`` (0 for 0)."""
+    n = x * 0
+    for i in tl.static_range(6):
+        big = (x >> (32 >> i)) != 0
+        x = tl.where(big, x >> (32 >> i), x)
+        n += tl.where(big, 32 >> i, 0)
+    return n + (x != 0).to(tl.int64)
+
+
+@triton.jit
+def order_key(bits, width):
+    """``bits.order_keys_by_width``: unsigned patterns to keys in the floats' order."""
+    top = (bits * 0 + 1) << (width - 1)
+    return tl.where((bits & top) != 0, bits ^ width_mask(width), bits | top)
+
+
+@triton.jit
+def from_order_key(keys, width):
+    """``bits.from_order_keys_by_width``."""
+    top = (keys * 0 + 1) << (width - 1)
+    return tl.where((keys & top) != 0, keys ^ top, keys ^ width_mask(width))
+
+
+@triton.jit
+def segment_of(table, segments, k, LOG: tl.constexpr):
+    """Per flat position ``k``, the last segment whose start (column 0) is ``<= k``;
+    ``LOG`` is ``(segments - 1).bit_length()``."""
+    seg = k * 0
+    for i in tl.static_range(LOG):
+        candidate = seg + (1 << (LOG - 1 - i))
+        inside = candidate < segments
+        start = tl.load(table + tl.minimum(candidate, segments - 1))
+        seg = tl.where(inside & (start <= k), candidate, seg)
+    return seg
+
+
+@triton.jit
+def column(table, c, segments, seg):
+    return tl.load(table + c * segments + seg)
+
+
+@triton.jit
+def load_int(address, at, size, mask):
+    """Element ``at`` of the tensor at ``address`` with ``size``-byte items (1, 2, 4 or 8),
+    as int64 (1-byte items zero-extended, the others sign-extended)."""
+    one = tl.load(address.to(tl.pointer_type(tl.uint8)) + at, mask=mask & (size == 1), other=0)
+    two = tl.load(address.to(tl.pointer_type(tl.int16)) + at, mask=mask & (size == 2), other=0)
+    four = tl.load(address.to(tl.pointer_type(tl.int32)) + at, mask=mask & (size == 4), other=0)
+    eight = tl.load(address.to(tl.pointer_type(tl.int64)) + at, mask=mask & (size == 8), other=0)
+    return tl.where(size == 1, one.to(tl.int64),
+                    tl.where(size == 2, two.to(tl.int64),
+                             tl.where(size == 4, four.to(tl.int64), eight)))
+
+
+@triton.jit
+def store_int(address, at, value, size, mask):
+    """Store the low ``size`` bytes of int64 ``value`` as element ``at`` of the tensor at
+    ``address`` (``size`` 1, 2, 4 or 8)."""
+    tl.store(address.to(tl.pointer_type(tl.uint8)) + at, value.to(tl.uint8), mask=mask & (size == 1))
+    tl.store(address.to(tl.pointer_type(tl.int16)) + at, value.to(tl.int16), mask=mask & (size == 2))
+    tl.store(address.to(tl.pointer_type(tl.int32)) + at, value.to(tl.int32), mask=mask & (size == 4))
+    tl.store(address.to(tl.pointer_type(tl.int64)) + at, value, mask=mask & (size == 8))
+
+
+@triton.jit
+def put_fields(words, pos, value, width, valid, next_pos, has_next):
+    """Add the low ``width`` bits (0..64) of each valid element's ``value`` into the body
+    ``words`` at bit ``pos``; ``next_pos``: the next element's position in the same field
+    stream (if ``has_next``, i.e. it is valid and in this block). A 64-bit field must
+    start on a word boundary.
+
+    Fields never overlap, so adding is OR-ing. The elements of a block that share a word
+    and follow each other form a run; its sum is the difference of the block's prefix
+    sums at its last element and at the last element before it. So each run's last
+    element adds the prefix sum at itself to its word and subtracts it from the next
+    run's word: two atomic adds per run, whatever the number of fields in it, and every
+    word ends up as the sum (wrapping int64, exact) of its fields. Nothing else may write
+    the words with another operation while fields are added.
+    """
+    word = pos >> 6
+    shift = pos & 63
+    field = value & width_mask(width)
+    total = tl.cumsum(tl.where(valid, field << shift, 0), 0)
+    ends = valid & ~(has_next & ((next_pos >> 6) == word))
+    tl.atomic_add(words + word, total, mask=ends)
+    tl.atomic_add(words + (next_pos >> 6), -total, mask=ends & has_next)
+    straddles = valid & (shift + width > 64)
+    high = shift_right(field, tl.where(straddles, 64 - shift, 0))
+    tl.atomic_add(words + word + 1, high, mask=straddles & (high != 0))
+
+
+@triton.jit
+def get_fields(words, pos, width, last):
+    """The ``width``-bit unsigned fields at bit ``pos`` of ``words`` (``fields.read_fields``);
+    a field of width 0 reads nothing, and words past ``last`` read as the last one, so
+    untrusted positions never fault."""
+    shift = pos & 63
+    word = tl.minimum(tl.maximum(pos >> 6, 0), last)
+    used = width > 0
+    low = shift_right(tl.load(words + word, mask=used, other=0), shift)
+    upper = tl.load(words + tl.minimum(word + 1, last), mask=used & (shift > 0), other=0)
+    return (low | (upper << tl.where(shift > 0, 64 - shift, 0))) & width_mask(width)

@@ -1,0 +1,249 @@
+"""The fused Triton kernels of the batched codec against the per-tensor reference.
+
+On a CUDA device the kernels run there (marker ``gpu`` for the large cases); on the CPU
+they run under Triton's interpreter, which this module switches on before the kernels
+are first imported (``dispatch.interpreted``). Every check compares bytes, indices,
+values or errors with the torch reference exactly, so one differing element fails it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import os
+
+import pytest
+import torch
+from codec_cases import (Change, HostReads, assert_apply_agrees, assert_corrupt_decodes_agree,
+                         assert_decoders_agree, assert_encoders_agree, assert_residues_agree,
+                         tensor_and_change)
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
+
+from dte_codec import apply_
+from dte_codec.decode import decode_batched, decode_per_entry
+from dte_codec.dispatch import interpreted
+from dte_codec.encode import encode_delta_batched, encode_delta_per_tensor
+from dte_codec.errors import ApplyError
+
+CUDA = torch.cuda.is_available()
+DEVICE = "cuda" if CUDA else "cpu"
+if not CUDA:
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None,
+                                reason="needs triton")
+EXAMPLES = settings(max_examples=40 if CUDA else 6, deadline=None)
+"""The interpreter runs a kernel as numpy per program: fewer examples on the CPU."""
+
+
+def kernels() -> contextlib.AbstractContextManager[None]:
+    return contextlib.nullcontext() if CUDA else interpreted()
+
+
+EDGES = [
+    # count == numel (bitmap), L = 0 Elias-Fano, one element, a long run and far gaps
+    [(torch.arange(600, dtype=torch.bfloat16),
+      Change(torch.arange(600), *(torch.zeros(600, dtype=torch.bfloat16),) * 2))],
+    [(torch.randn(3000).bfloat16(),
+      Change(torch.arange(0, 3000, 2), *(torch.zeros(1500, dtype=torch.bfloat16),) * 2))],
+    [(torch.randn(100000).half(),
+      Change(torch.tensor([99999]), *(torch.ones(1, dtype=torch.float16),) * 2))],
+    [(torch.randn(200000),  # GAP8: a run, then gaps over a byte
+      Change(torch.cat([torch.arange(10, 2000), torch.tensor([9000, 150000, 199999])]),
+             *(torch.zeros(1993),) * 2))],
+]
+
+
+@EXAMPLES
+@given(st.lists(tensor_and_change(), max_size=6))
+@example(EDGES[0])
+@example(EDGES[1])
+@example(EDGES[2])
+@example(EDGES[3])
+def test_kernel_encoder_writes_the_reference_bytes(cases):
+    """Over dtypes, shapes, densities, gaps, bounds (so residue widths and escapes):
+    byte-identical payloads."""
+    with kernels():
+        assert_encoders_agree(cases, DEVICE)
+
+
+@EXAMPLES
+@given(st.lists(tensor_and_change(), max_size=6))
+@example(EDGES[1] + EDGES[3])
+def test_kernel_decoder_finds_the_change_sets(cases):
+    """The kernel decoder finds every change set's indices, as the reference does."""
+    with kernels():
+        assert_decoders_agree(cases, DEVICE)
+
+
+@EXAMPLES
+@given(st.lists(tensor_and_change(), min_size=1, max_size=4), st.data())
+def test_kernel_decoder_rejects_what_the_reference_rejects(cases, data):
+    """Corrupted bodies: the reference's error, or the reference's payload."""
+    with kernels():
+        assert_corrupt_decodes_agree(cases, data, DEVICE)
+
+
+@EXAMPLES
+@given(st.lists(tensor_and_change(), min_size=1, max_size=4), st.booleans(),
+       st.integers(0, 2**31 - 1))
+def test_kernel_residues_resolve_as_the_reference(cases, inside, seed):
+    """Residues against bases inside the bounds or arbitrary: same values or error."""
+    with kernels():
+        assert_residues_agree(cases, inside, seed, DEVICE)
+
+
+@EXAMPLES
+@given(st.lists(tensor_and_change(), min_size=1, max_size=4))
+@example(EDGES[0] + EDGES[2])
+def test_kernel_apply_writes_the_sender_tensors(cases):
+    """One gather and one scatter launch per device leave the receiver bit-equal to the
+    sender, as the reference apply does."""
+    with kernels():
+        assert_apply_agrees(cases, DEVICE)
+
+
+def test_kernel_apply_stages_one_batch_per_device():
+    """Valid sparse entries are staged as one kernel batch, not entry by entry (the
+    path a residue failure falls back to)."""
+    from dte_codec.apply import StagedBatch, prepare
+    data, receiver = _payload_and_base()
+    with kernels():
+        staged = prepare(receiver, [decode_batched(data, device=DEVICE)]).entries
+    assert [StagedBatch] == [type(s) for s in staged]
+
+
+def _payload_and_base():
+    gen = torch.Generator().manual_seed(3)
+    new = {f"w{i}": torch.randn(4000, generator=gen).bfloat16() for i in range(3)}
+    base = {name: t.clone() for name, t in new.items()}
+    changes = {}
+    for name, t in base.items():
+        at = torch.arange(1, 4000, 7)
+        t.view(torch.int16)[at] += 1
+        changes[name] = Change(at, t[at], t[at])
+    data = encode_delta_per_tensor(new, changes, stream_id="s", base_version=0, version=1)
+    return data, {name: t.to(DEVICE) for name, t in base.items()}
+
+
+def test_kernel_apply_restores_every_tensor_when_the_write_fails(monkeypatch):
+    """A scatter that fails after writing leaves every tensor at its base, from the
+    gathered undo log, and raises ``ApplyError``."""
+    from dte_codec.scatter_kernel import FlatEntries
+    data, receiver = _payload_and_base()
+    before = {name: t.clone() for name, t in receiver.items()}
+    scatter = FlatEntries.scatter
+    calls = []
+
+    def failing(self, values):
+        scatter(self, values)
+        calls.append(len(values))
+        if len(calls) == 1:
+            raise RuntimeError("device error")
+
+    monkeypatch.setattr(FlatEntries, "scatter", failing)
+    with kernels(), pytest.raises(ApplyError) as info:
+        apply_(receiver, decode_batched(data, device=DEVICE))
+    assert "every tensor was restored" in str(info.value)
+    assert [3, 3] == calls  # the write, then the undo
+    for name, t in before.items():
+        assert t.view(torch.int16).tolist() == receiver[name].view(torch.int16).tolist()
+
+
+def test_kernel_paths_read_the_device_a_fixed_number_of_times():
+    """Encode reads the device twice (the statistics: ``cpu`` then ``tolist``; the body
+    digest: ``__int__``), decode twice (the body digest, the failed-check count), apply
+    once (the residue check)."""
+    data, receiver = _payload_and_base()
+    new = {"w": torch.randn(4000).bfloat16().to(DEVICE)}
+    at = torch.arange(0, 4000, 9, device=DEVICE)
+    changes = {"w": Change(at, new["w"][at], new["w"][at])}
+    with kernels(), HostReads() as reads:
+        encode_delta_batched(new, changes, stream_id="s", base_version=0, version=1)
+    assert ["cpu", "tolist", "__int__"] == reads.calls
+    with kernels():
+        payload = decode_batched(data, device=DEVICE)
+        with HostReads() as reads:
+            decode_batched(data, device=DEVICE)
+        assert ["__int__", "__int__"] == reads.calls
+        with HostReads() as reads:
+            apply_(receiver, payload)
+    assert ["__int__"] == reads.calls
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA device (4 GB tensors)")
+def test_kernels_past_two_to_the_31_elements():
+    """Tensors of over 2**31 elements: a run with 64-bit gap escapes (GAP8) and far-apart
+    indices in Elias-Fano with 28 low bits, encoded, decoded and applied exactly as the
+    reference does."""
+    numel = 2**31 + 1000
+    new = {"run": torch.zeros(numel, dtype=torch.bfloat16, device="cuda"),
+           "far": torch.zeros(numel, dtype=torch.bfloat16, device="cuda")}
+    where = {"run": torch.cat([torch.arange(5, 3005), torch.tensor([2**31 - 1, 2**31 + 3,
+                                                                     numel - 1])]),
+             "far": torch.tensor([0, 300000, 2**31 - 1, 2**31 + 300, numel - 1])}
+    changes = {}
+    for name, at in where.items():
+        at = at.cuda()
+        new[name][at] = torch.randn(at.numel(), device="cuda").bfloat16()
+        low = (new[name][at].view(torch.int16) - 1).view(torch.bfloat16)
+        changes[name] = Change(at, low, low)
+    expected = encode_delta_per_tensor(new, changes, stream_id="s", base_version=0, version=1)
+    actual = encode_delta_batched(new, changes, stream_id="s", base_version=0, version=1)
+    assert expected == actual
+    payload = decode_batched(actual, device="cuda")
+    assert [("GAP8", 3, 0), ("ELIAS_FANO", 0, 28)] == [
+        (e.index_encoding.name, e.index_escapes, e.index_width) for e in payload.header.entries]
+    for entry, found in zip(payload.header.entries, payload.indices):
+        assert where[entry.name].tolist() == found.tolist()
+    for name, change in changes.items():
+        new[name][change.indices] = change.base_low  # the receiver's base
+    apply_(new, payload)
+    for name, at in where.items():
+        got = new[name][at.cuda()].view(torch.int16)
+        assert (changes[name].base_low.view(torch.int16) + 1).tolist() == got.tolist()
+
+
+def test_kernel_apply_bumps_the_version_counters():
+    """The scatter writes through addresses; each written tensor's version counter still
+    moves, as with torch's in-place writes (autograd and outside-write checks read it)."""
+    data, receiver = _payload_and_base()
+    before = {name: t._version for name, t in receiver.items()}
+    with kernels():
+        apply_(receiver, decode_batched(data, device=DEVICE))
+    assert all(receiver[name]._version > version for name, version in before.items())
+
+
+def test_kernel_decoder_reads_encodings_the_encoder_never_picks():
+    """Elias-Fano with no low bits (L = 0) and INT64 indices of a small tensor are legal
+    payloads that the encoder never writes (a bitmap or INT32 is smaller): decoded by the
+    kernels to the reference's indices."""
+    from dte_codec.flat_decode import decode_indices_flat
+    from dte_codec.header import Entry, Header, IndexEncoding, Kind
+    from dte_codec.indices import _elias_fano
+    from dte_codec.parts import Part, assemble
+    dense = torch.arange(3, 700, 3)  # 233 of 700
+    many = torch.cat([torch.arange(0, 400), torch.arange(401, 700)])  # 699 of 700
+    parts = []
+    for name, at, numel in (("ef", many, 700), ("wide", dense, 700)):
+        values = torch.randn(at.numel()).bfloat16()
+        if name == "ef":
+            encoded = _elias_fano(at, numel)
+            assert 0 == encoded.width
+            fields = {"index_encoding": IndexEncoding.ELIAS_FANO, "index_width": 0}
+            sections = encoded.sections
+        else:
+            fields = {"index_encoding": IndexEncoding.INT64}
+            sections = (at.to(torch.int64).view(torch.uint8),)
+        entry = Entry(name=name, dtype=torch.bfloat16, shape=(numel,), count=at.numel(),
+                      **fields)
+        parts.append(Part(entry, sections + (values.view(torch.uint8),)))
+    frame = assemble(parts, stream_id="s", kind=Kind.DELTA, base_version=0, version=1)
+    header = Header.unpack_head(memoryview(frame.header), frame.body_size)
+    with kernels():
+        flat = decode_indices_flat(header.entries, frame.body().to(DEVICE))
+    assert flat.valid()
+    assert [many.tolist(), dense.tolist()] == [i.tolist() for i in flat.indices]
+    assert [many.tolist(), dense.tolist()] == [i.tolist() for i in decode_per_entry(frame).indices]
