@@ -19,7 +19,7 @@ BLOCK = 8192
 WARPS = 8
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n_words", "first_word"])
 def _digest(words_ptr, n_words, first_word, partial_ptr, GOLDEN: tl.constexpr,
             MIX1: tl.constexpr, MIX2: tl.constexpr, LOW_BITS: tl.constexpr,
             BLOCK: tl.constexpr):

@@ -72,7 +72,7 @@ def _popcount(x):
     return shift_right(x * 0x0101010101010101, x * 0 + 56)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["segments", "last"])
 def _fields(table, segments, words, last, out, wides, LOG: tl.constexpr,
             BLOCK: tl.constexpr):
     block, seg, rank = _entry_block(table, segments, LOG, BLOCK)
@@ -88,7 +88,7 @@ def _fields(table, segments, words, last, out, wides, LOG: tl.constexpr,
         tl.store(wides + block, tl.sum(wide.to(tl.int64)))
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["segments", "last"])
 def _gaps(table, segments, words, last, wide_before, gap_before, sums, failures, out,
           LOG: tl.constexpr, BLOCK: tl.constexpr, WRITE: tl.constexpr):
     block, seg, rank = _entry_block(table, segments, LOG, BLOCK)
@@ -114,7 +114,7 @@ def _gaps(table, segments, words, last, wide_before, gap_before, sums, failures,
             tl.store(failures + block, tl.sum(bad.to(tl.int64)))
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["segments", "last"])
 def _stream(streams, table, segments, entries, words, last, counts, before, failures, out,
             LOG: tl.constexpr, BLOCK: tl.constexpr, WRITE: tl.constexpr):
     block, s, rank = _entry_block(streams, segments, LOG, BLOCK)
@@ -152,7 +152,7 @@ def _stream(streams, table, segments, entries, words, last, counts, before, fail
         tl.store(failures + block, tl.sum(((word & padded & ~keep) != 0).to(tl.int64)))
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["segments"])
 def _check(table, segments, out, failures, LOG: tl.constexpr, BLOCK: tl.constexpr):
     block, seg, rank = _entry_block(table, segments, LOG, BLOCK)
     valid = rank < column(table, _COUNT, segments, seg)

@@ -102,7 +102,7 @@ def _element(items, segments, k, valid, LOG: tl.constexpr):
     return seg, rank, idx, numel, gap, bits, pattern, key, need
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["segments", "total"])
 def _stats(items, segments, total, out, LOG: tl.constexpr, BLOCK: tl.constexpr,
            BINS: tl.constexpr):
     _, k, valid = block_positions(total, BLOCK)
@@ -133,7 +133,7 @@ def _escapes(items, layout, segments, k, valid, LOG: tl.constexpr):
             value_escaped)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["segments", "total", "blocks"])
 def _escape_counts(items, layout, segments, total, counts, blocks, LOG: tl.constexpr,
                    BLOCK: tl.constexpr):
     block, k, valid = block_positions(total, BLOCK)
@@ -180,7 +180,7 @@ def _fields(layout, segments, element, gap_before, value_before):
             pos4, rank, width4, pos5, pattern, width5)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["segments", "total", "blocks"])
 def _write(items, layout, segments, total, before, blocks, words, LOG: tl.constexpr,
            BLOCK: tl.constexpr):
     block, k, valid = block_positions(total, BLOCK)

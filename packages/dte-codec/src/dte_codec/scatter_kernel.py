@@ -30,7 +30,7 @@ _SIZE = tl.constexpr(3)
 _FLAT_AT = tl.constexpr(4)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["segments", "total"])
 def _move(table, segments, total, LOG: tl.constexpr, BLOCK: tl.constexpr,
           TO_FLAT: tl.constexpr):
     _, k, valid = block_positions(total, BLOCK)

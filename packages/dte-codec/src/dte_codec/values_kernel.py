@@ -39,7 +39,7 @@ _BASE_AT = tl.constexpr(9)
 _OUT_AT = tl.constexpr(10)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["segments", "escapes"])
 def _escaped(table, segments, escapes, marks, LOG: tl.constexpr, BLOCK: tl.constexpr):
     _, j, valid = block_positions(escapes, BLOCK)
     # segments by their escape lists: column _ESCAPE_START holds each list's flat start
@@ -56,7 +56,7 @@ def _escaped(table, segments, escapes, marks, LOG: tl.constexpr, BLOCK: tl.const
     store_int(column(table, _OUT_AT, segments, seg), position, raw, size, valid)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["segments", "total"])
 def _resolve(table, segments, total, marks, before, failures, LOG: tl.constexpr,
              BLOCK: tl.constexpr):
     block, k, valid = block_positions(total, BLOCK)
