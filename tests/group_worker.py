@@ -17,6 +17,7 @@ import attrs
 import torch
 import torch.distributed as dist
 from areal_dte import Method, TorchActor
+from dte_codec import Frame
 from dte_codec.geometry import materialize, plan
 from dte_codec.layouts import ModelConfig
 from dte_codec.megatron_layout import MegatronLayout, megatron_shard
@@ -26,6 +27,7 @@ from dte_transport.errors import LinkError
 from dte_transport import group as group_module
 from dte_transport.group import GroupReceiver, GroupSender, Roles
 from dte_transport.two_round import exchange
+from dte_transport.windows import DEFAULT_WINDOW_BYTES
 
 LR, WD = 1e-3, 0.01
 
@@ -61,6 +63,8 @@ class Case:
     anchor: int = 4
     coalesce: bool = True
     """False: the per-op point-to-point variant (``DTE_DELTA_P2P_COALESCE=0``)."""
+    window: int = DEFAULT_WINDOW_BYTES
+    """Bytes per window of a full sync (``GroupSender(window_bytes=)``)."""
     fault: str | None = None
     """None; "kill_rollout": the first rollout rank dies in version 3's exchange; "corrupt": a
     byte of one payload flips in flight at version 5; "wrong_base": the first rollout rank
@@ -167,14 +171,14 @@ def _die(outgoing, **kwargs):
 
 
 def _corrupting(outgoing, **kwargs):
-    """``exchange`` with one byte of the first non-empty payload flipped in flight, once."""
+    """``exchange`` with one byte of the first non-empty body flipped in flight, once."""
     group_module.exchange = exchange
     outgoing = dict(outgoing)
-    for peer, data in outgoing.items():
-        if len(data) > 100:
-            flipped = bytearray(data)
-            flipped[len(data) // 2] ^= 0xFF
-            outgoing[peer] = bytes(flipped)
+    for peer, frame in outgoing.items():
+        if frame.body_size > 16:
+            body = frame.body().clone()
+            body[body.numel() // 2] ^= 0xFF
+            outgoing[peer] = Frame(frame.header, (body,))
             break
     return exchange(outgoing, **kwargs)
 
@@ -187,7 +191,8 @@ class _Trainer:
         self.shard = shard
         optimizer = torch.optim.AdamW(masters.values(), lr=LR, weight_decay=WD, foreach=True)
         sender = GroupSender(plan(shard, rollout_shards), roles=roles, stream_id="trajectory",
-                             anchor_interval=case.anchor, coalesce=case.coalesce)
+                             anchor_interval=case.anchor, coalesce=case.coalesce,
+                             window_bytes=case.window)
         dtypes = {n: payload_dtype(self.names[n]) for n in masters}
         self.actor = TorchActor(masters, optimizer, sender, method=case.method, dtype=dtypes)
 
