@@ -8,7 +8,6 @@ from __future__ import annotations
 import attrs
 import pytest
 import torch
-import struct
 
 from dte_codec.decode import decode_batched, decode_per_entry
 from dte_codec.encode import encode_delta_batched, encode_delta_per_tensor

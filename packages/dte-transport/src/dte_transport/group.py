@@ -30,7 +30,6 @@ and the next sync is full.
 
 from __future__ import annotations
 
-import enum
 import logging
 from collections import defaultdict
 from collections.abc import Callable, Mapping, MutableMapping, Sequence
@@ -38,7 +37,6 @@ from collections.abc import Callable, Mapping, MutableMapping, Sequence
 import attrs
 import torch
 import torch.distributed as dist
-import xxhash
 from dte_codec import ChangeSet, CodecError, Frame, Kind, decode
 from dte_codec.apply import check_covered, prepare, prepare_window
 from dte_codec.errors import ApplyError
@@ -47,31 +45,14 @@ from dte_codec.parts import Part, assemble, box_part, sparse_part
 from dte_codec.remap import remap
 
 from .ack import Ack, Rejection
+from .agreement import Decision, agree, all_reduce_max, stream_key, vote
 from .errors import LinkError, SyncError
 from .report import SyncKind, SyncReport, Timer
-from .sender import ANCHOR_DUE, DELTA, DELTA_REJECTED, NO_BASE, Sender
+from .sender import DELTA_REJECTED, Sender
 from .two_round import exchange
 from .windows import DEFAULT_WINDOW_BYTES, windows
 
 log = logging.getLogger(__name__)
-
-FORCED = "forced"
-ROLLOUT_VETO = "rollout_veto"
-BASE_MISMATCH = "base_mismatch"
-REJECTIONS = tuple(Rejection)
-
-
-class _Slot(enum.IntEnum):
-    """Positions in the agreement vector (all-reduced with MAX)."""
-
-    NO_BASE = 0
-    ANCHOR_DUE = 1
-    FORCED = 2
-    VETO = 3
-    BASE_HIGH = 4
-    BASE_LOW_NEG = 5
-    STREAM_HIGH = 6
-    STREAM_LOW_NEG = 7
 
 
 @attrs.frozen
@@ -85,58 +66,6 @@ class Roles:
         if not self.trainers or not self.rollouts or set(self.trainers) & set(self.rollouts):
             raise ValueError(f"roles need disjoint, non-empty trainer and rollout ranks, got "
                              f"{self.trainers} and {self.rollouts}")
-
-
-@attrs.frozen
-class _Decision:
-    kind: SyncKind
-    reason: str
-    base: int | None
-
-
-def _stream_key(stream_id: str | None) -> int:
-    return -1 if stream_id is None else xxhash.xxh3_64_intdigest(stream_id.encode()) >> 1
-
-
-def _all_reduce_max(values: list[int], group, device) -> list[int]:
-    tensor = torch.tensor(values, dtype=torch.int64, device=device)
-    try:
-        dist.all_reduce(tensor, op=dist.ReduceOp.MAX, group=group)
-    except (RuntimeError, dist.DistBackendError) as exc:
-        raise LinkError(f"all-reduce over {dist.get_backend(group)} failed: {exc}") from exc
-    return tensor.tolist()
-
-
-def _agree(vote: list[int], group, device) -> _Decision:
-    got = _all_reduce_max(vote, group, device)
-    base_high, base_low = got[_Slot.BASE_HIGH], -got[_Slot.BASE_LOW_NEG]
-    reasons = [(got[_Slot.NO_BASE], NO_BASE), (got[_Slot.ANCHOR_DUE], ANCHOR_DUE),
-               (got[_Slot.FORCED], FORCED), (got[_Slot.VETO], ROLLOUT_VETO),
-               (base_high != base_low, BASE_MISMATCH),
-               (got[_Slot.STREAM_HIGH] != -got[_Slot.STREAM_LOW_NEG], BASE_MISMATCH)]
-    reason = next((why for flag, why in reasons if flag), None)
-    if reason is None:
-        return _Decision(SyncKind.DELTA, DELTA, base_high)
-    kind = SyncKind.ANCHOR if reason == ANCHOR_DUE else SyncKind.FULL
-    return _Decision(kind, reason, None)
-
-
-def _vote(rejection: Rejection | None, detail: str, group, device
-          ) -> tuple[Rejection | None, str]:
-    """The worst rejection of all ranks and, when there is one, every refusing rank's
-    reason (gathered over the group: one more collective, on every rank alike)."""
-    code = 0 if rejection is None else REJECTIONS.index(rejection) + 1
-    (worst,) = _all_reduce_max([code], group, device)
-    if worst == 0:
-        return None, ""
-    details: list[str] = [""] * dist.get_world_size(group)
-    try:
-        dist.all_gather_object(details, detail if rejection is not None else "", group=group)
-    except (RuntimeError, dist.DistBackendError) as exc:
-        raise LinkError(f"gathering refusals over {dist.get_backend(group)} failed: {exc}"
-                        ) from exc
-    return REJECTIONS[worst - 1], "; ".join(f"rank {rank}: {text}"
-                                            for rank, text in enumerate(details) if text)
 
 
 class GroupSender:
@@ -192,11 +121,11 @@ class GroupSender:
 
     def _sync(self, weights, version, changes, *, forced) -> SyncReport:
         base = -1 if self.acknowledged is None else self.acknowledged
-        stream = _stream_key(self.stream_id)
+        stream = stream_key(self.stream_id)
         vote = [int(self.acknowledged is None), int(self.anchor_due), int(forced), 0, base, -base,
                 stream, -stream]
         try:
-            decision = _agree(vote, self.group, self.device)
+            decision = agree(vote, self.group, self.device)
             report = self._deliver(weights, version, decision, changes)
         except LinkError as exc:
             self.acknowledged = None
@@ -207,7 +136,7 @@ class GroupSender:
                  report.payload_bytes, sum(report.ms.values()))
         return report
 
-    def _deliver(self, weights, version: int, decision: _Decision, changes) -> SyncReport:
+    def _deliver(self, weights, version: int, decision: Decision, changes) -> SyncReport:
         timer, changed, sent = Timer(), None, 0
         if decision.kind == SyncKind.DELTA:
             with timer.phase("detect"):
@@ -218,15 +147,15 @@ class GroupSender:
             sent += sum(f.nbytes for f in outgoing.values())
             with timer.phase("send"):
                 exchange(outgoing, group=self.group, device=self.device, coalesce=self.coalesce)
-                rejection, detail = _vote(None, "", self.group, self.device)
+                rejection, detail = vote(None, "", self.group, self.device)
             if rejection is None:
                 return self._report(weights, version, decision, sent, changed, timer.ms)
-            decision = _Decision(SyncKind.FULL, f"{DELTA_REJECTED}: {rejection.value}: {detail}",
+            decision = Decision(SyncKind.FULL, f"{DELTA_REJECTED}: {rejection.value}: {detail}",
                                  None)
             log.warning("v%d delta rejected (%s); syncing in full", version, decision.reason)
         sent += self._send_windows(weights, version, timer)
         with timer.phase("send"):
-            rejection, detail = _vote(None, "", self.group, self.device)
+            rejection, detail = vote(None, "", self.group, self.device)
         if rejection is not None:
             raise LinkError(f"full sync rejected by a rollout rank ({rejection.value}): {detail}")
         return self._report(weights, version, decision, sent, None, timer.ms)
@@ -236,7 +165,7 @@ class GroupSender:
         bytes sent."""
         pending = {rank: windows(self.plan, weights, rank, self.window_bytes)
                    for rank in self.roles.rollouts}
-        (rounds,) = _all_reduce_max([max(map(len, pending.values()), default=0)], self.group,
+        (rounds,) = all_reduce_max([max(map(len, pending.values()), default=0)], self.group,
                                     self.device)
         sent = 0
         for k in range(rounds):
@@ -314,9 +243,9 @@ class GroupReceiver:
                 sync after some window was written) it holds no version now.
         """
         version = -1 if self.version is None else self.version
-        stream = _stream_key(self.stream_id)
+        stream = stream_key(self.stream_id)
         vote = [0, 0, 0, int(self.version is None), version, -version, stream, -stream]
-        decision = _agree(vote, self.group, self.device)
+        decision = agree(vote, self.group, self.device)
         if decision.kind != SyncKind.DELTA:
             return self._full()
         ack = self._delta()
@@ -350,7 +279,7 @@ class GroupReceiver:
 
     def _full(self) -> Ack:
         """Every window as it comes, then coverage, then the vote (``windows``)."""
-        (rounds,) = _all_reduce_max([0], self.group, self.device)
+        (rounds,) = all_reduce_max([0], self.group, self.device)
         rejection, detail, header, wrote = None, "", None, False
         regions: dict[str, list] = defaultdict(list)
         for _ in range(rounds):
@@ -391,7 +320,7 @@ class GroupReceiver:
 
     def _refused(self, rejection: Rejection | None, detail: str, header) -> Ack | None:
         """The vote; a refusal as this rank's answer, or None when every rank agreed."""
-        worst, reasons = _vote(rejection, detail, self.group, self.device)
+        worst, reasons = vote(rejection, detail, self.group, self.device)
         if worst is None:
             return None
         if rejection is not None:
