@@ -67,8 +67,9 @@ class Case:
     """Bytes per window of a full sync (``GroupSender(window_bytes=)``)."""
     fault: str | None = None
     """None; "kill_rollout": the first rollout rank dies in version 3's exchange; "corrupt": a
-    byte of one payload flips in flight at version 5; "wrong_base": the first rollout rank
-    holds version 3 when version 4 comes; "restart": it restarts empty before version 5."""
+    byte of one payload flips in flight at version 5; "corrupt_full": one flips in the
+    second window round of the full version 1; "wrong_base": the first rollout rank holds
+    version 3 when version 4 comes; "restart": it restarts empty before version 5."""
 
     @property
     def trainers(self) -> int:
@@ -170,6 +171,12 @@ def _die(outgoing, **kwargs):
     os._exit(0)
 
 
+def _corrupting_second(outgoing, **kwargs):
+    """``exchange`` as it is, then (from the second call) ``_corrupting``."""
+    group_module.exchange = _corrupting
+    return exchange(outgoing, **kwargs)
+
+
 def _corrupting(outgoing, **kwargs):
     """``exchange`` with one byte of the first non-empty body flipped in flight, once."""
     group_module.exchange = exchange
@@ -199,6 +206,8 @@ class _Trainer:
     def version(self, version, canonical) -> str:
         if self.case.fault == "corrupt" and self.shard.rank == 0:
             group_module.exchange = _corrupting if version == 5 else exchange
+        if self.case.fault == "corrupt_full" and self.shard.rank == 0 and version == 1:
+            group_module.exchange = _corrupting_second
         grads = cut(self.shard, canonical_grads(canonical, version))
         for name, param in self.actor.masters.items():
             param.grad = grads[name]
@@ -239,7 +248,9 @@ class _Rollout:
             assert all(torch.equal(before[n].view(torch.uint8), t.view(torch.uint8))
                        for n, t in self.weights.items() if t.numel())
             return "LinkError, unchanged"
-        assert ack.accepted and version == self.receiver.version, ack
+        if not ack.accepted:
+            return f"refused {ack.rejection.value}, version {self.receiver.version}"
+        assert version == self.receiver.version, ack
         expected = expected_rollout(self.shard, canonical)
         for name, tensor in self.weights.items():
             want = expected[name]

@@ -121,6 +121,21 @@ def test_full_syncs_in_small_windows(tmp_path):
         assert ["bitwise equal"] * 4 == [line.split(" ", 2)[2] for line in logs[f"rank{rank}"]]
 
 
+def test_refused_window_leaves_no_version_then_a_full_sync_recovers(tmp_path):
+    """A body byte flips in the second window round of the first full sync: the refusing
+    rollout's reason reaches the trainers (``SyncError``), every rollout rank that had
+    written a window holds no version, and the next sync goes full and is exact."""
+    case = Case(DENSE, MegatronLayout(tp=2), SGLangLayout(tp=2), versions=3, anchor=0,
+                window=256, fault="corrupt_full")
+    logs = launch(case, tmp_path)
+    for rank in (0, 1):
+        outcomes = [line.split(" ", 2)[2] for line in logs[f"rank{rank}"]]
+        assert ["SyncError LinkError", "full no_base", "delta delta"] == outcomes
+    for rank in (2, 3):
+        assert (["refused bad_payload, version None"] + ["bitwise equal"] * 2
+                == [line.split(" ", 2)[2] for line in logs[f"rank{rank}"]])
+
+
 def test_per_op_point_to_point_and_pipeline_stages(tmp_path):
     """The per-op variant (no coalescing) with a two-stage pipeline on the trainer side."""
     case = Case(DENSE, MegatronLayout(tp=1, pp=2), SGLangLayout(tp=2), versions=5,

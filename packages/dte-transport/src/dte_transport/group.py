@@ -39,7 +39,7 @@ import torch
 import torch.distributed as dist
 from dte_codec import ChangeSet, CodecError, Frame, Kind, decode
 from dte_codec.apply import check_covered, prepare, prepare_window
-from dte_codec.errors import ApplyError
+from dte_codec.errors import ApplyError, MismatchError
 from dte_codec.geometry import Transfer
 from dte_codec.parts import Part, assemble, box_part, sparse_part
 from dte_codec.remap import remap
@@ -280,7 +280,7 @@ class GroupReceiver:
     def _full(self) -> Ack:
         """Every window as it comes, then coverage, then the vote (``windows``)."""
         (rounds,) = all_reduce_max([0], self.group, self.device)
-        rejection, detail, header, wrote = None, "", None, False
+        rejection, detail, header = None, "", None
         regions: dict[str, list] = defaultdict(list)
         for _ in range(rounds):
             inbox = exchange({}, group=self.group, device=self.device, coalesce=self.coalesce)
@@ -294,7 +294,9 @@ class GroupReceiver:
                     header = header or payload.header
                     self._same_version(header, payload.header)
                 prepared = prepare_window(self.weights, payloads)
-                wrote = True
+                # from the first write on, the version held before is gone, whatever
+                # happens next (a refusal, a failed collective)
+                self.version = self.stream_id = None
                 prepared.write()
                 for payload in payloads:
                     for entry, where in zip(payload.header.entries, payload.indices):
@@ -303,15 +305,15 @@ class GroupReceiver:
                 rejection, detail = exc.rejection, str(exc)
             except ApplyError as exc:
                 rejection, detail = Rejection.APPLY_FAILED, str(exc)
+            except MismatchError as exc:
+                rejection, detail = Rejection.MISMATCH, str(exc)
             except CodecError as exc:
                 rejection, detail = Rejection.BAD_PAYLOAD, str(exc)
         if rejection is None:
             try:
                 check_covered(self.weights, regions)
-            except CodecError as exc:
+            except MismatchError as exc:
                 rejection, detail = Rejection.MISMATCH, str(exc)
-        if wrote:  # the version held before is overwritten, in part or in whole
-            self.version = self.stream_id = None
         refused = self._refused(rejection, detail, header)
         if refused is not None:
             return refused
