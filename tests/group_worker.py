@@ -17,6 +17,7 @@ import attrs
 import torch
 import torch.distributed as dist
 from areal_dte import Method, TorchActor
+from dte_codec import Frame
 from dte_codec.geometry import materialize, plan
 from dte_codec.layouts import ModelConfig
 from dte_codec.megatron_layout import MegatronLayout, megatron_shard
@@ -26,6 +27,7 @@ from dte_transport.errors import LinkError
 from dte_transport import group as group_module
 from dte_transport.group import GroupReceiver, GroupSender, Roles
 from dte_transport.two_round import exchange
+from dte_transport.windows import DEFAULT_WINDOW_BYTES
 
 LR, WD = 1e-3, 0.01
 
@@ -61,10 +63,13 @@ class Case:
     anchor: int = 4
     coalesce: bool = True
     """False: the per-op point-to-point variant (``DTE_DELTA_P2P_COALESCE=0``)."""
+    window: int = DEFAULT_WINDOW_BYTES
+    """Bytes per window of a full sync (``GroupSender(window_bytes=)``)."""
     fault: str | None = None
     """None; "kill_rollout": the first rollout rank dies in version 3's exchange; "corrupt": a
-    byte of one payload flips in flight at version 5; "wrong_base": the first rollout rank
-    holds version 3 when version 4 comes; "restart": it restarts empty before version 5."""
+    byte of one payload flips in flight at version 5; "corrupt_full": one flips in the
+    second window round of the full version 1; "wrong_base": the first rollout rank holds
+    version 3 when version 4 comes; "restart": it restarts empty before version 5."""
 
     @property
     def trainers(self) -> int:
@@ -166,15 +171,21 @@ def _die(outgoing, **kwargs):
     os._exit(0)
 
 
+def _corrupting_second(outgoing, **kwargs):
+    """``exchange`` as it is, then (from the second call) ``_corrupting``."""
+    group_module.exchange = _corrupting
+    return exchange(outgoing, **kwargs)
+
+
 def _corrupting(outgoing, **kwargs):
-    """``exchange`` with one byte of the first non-empty payload flipped in flight, once."""
+    """``exchange`` with one byte of the first non-empty body flipped in flight, once."""
     group_module.exchange = exchange
     outgoing = dict(outgoing)
-    for peer, data in outgoing.items():
-        if len(data) > 100:
-            flipped = bytearray(data)
-            flipped[len(data) // 2] ^= 0xFF
-            outgoing[peer] = bytes(flipped)
+    for peer, frame in outgoing.items():
+        if frame.body_size > 16:
+            body = frame.body().clone()
+            body[body.numel() // 2] ^= 0xFF
+            outgoing[peer] = Frame(frame.header, (body,))
             break
     return exchange(outgoing, **kwargs)
 
@@ -187,13 +198,16 @@ class _Trainer:
         self.shard = shard
         optimizer = torch.optim.AdamW(masters.values(), lr=LR, weight_decay=WD, foreach=True)
         sender = GroupSender(plan(shard, rollout_shards), roles=roles, stream_id="trajectory",
-                             anchor_interval=case.anchor, coalesce=case.coalesce)
+                             anchor_interval=case.anchor, coalesce=case.coalesce,
+                             window_bytes=case.window)
         dtypes = {n: payload_dtype(self.names[n]) for n in masters}
         self.actor = TorchActor(masters, optimizer, sender, method=case.method, dtype=dtypes)
 
     def version(self, version, canonical) -> str:
         if self.case.fault == "corrupt" and self.shard.rank == 0:
             group_module.exchange = _corrupting if version == 5 else exchange
+        if self.case.fault == "corrupt_full" and self.shard.rank == 0 and version == 1:
+            group_module.exchange = _corrupting_second
         grads = cut(self.shard, canonical_grads(canonical, version))
         for name, param in self.actor.masters.items():
             param.grad = grads[name]
@@ -235,7 +249,9 @@ class _Rollout:
             assert all(torch.equal(before[n].view(torch.uint8), t.view(torch.uint8))
                        for n, t in self.weights.items() if t.numel())
             return "LinkError, unchanged"
-        assert ack.accepted and version == self.receiver.version, ack
+        if not ack.accepted:
+            return f"refused {ack.rejection.value}, version {self.receiver.version}"
+        assert version == self.receiver.version, ack
         expected = expected_rollout(self.shard, canonical)
         for name, tensor in self.weights.items():
             want = expected[name]

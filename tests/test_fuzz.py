@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import collections
 import random
-import struct
 from collections.abc import Iterator
 
 import attrs
@@ -31,8 +30,7 @@ from forge import redigest
 from dte_codec import CodecError, Kind, apply_, decode, digests, encode_delta, encode_full
 from dte_codec.apply import Staged
 from dte_codec.errors import ApplyError, DigestError, EntryError, HeaderError
-from dte_codec.header import (DIGEST_OFFSET, DTYPE_CODES, Header, IndexEncoding, ValueEncoding,
-                              align, header_digest)
+from dte_codec.header import DTYPE_CODES, Header, IndexEncoding, ValueEncoding, align
 from dte_codec.region import Box
 from dte_detector import ChangeSet, diff
 from dte_detector.changes import unknown_bounds

@@ -82,16 +82,17 @@ def test_versions_bitwise_equal_a_full_sync(config, trainer, rollout, method, tm
 
 @pytest.mark.parametrize("fault", ["corrupt", "wrong_base", "restart"])
 def test_faults_fall_back_to_a_full_sync(fault, tmp_path):
-    """A corrupted buffer, a rollout rank on the wrong base or restarted empty: the delta
-    is refused or vetoed, the same version goes full, and every version stays exact."""
+    """A corrupted body, a rollout rank on the wrong base or restarted empty: the delta
+    is refused or vetoed, the same version goes full, and every version stays exact; a
+    refusal's reason (here the rollout's body digest check) reaches the trainer."""
     case = Case(DENSE, MegatronLayout(tp=2), SGLangLayout(tp=2), versions=7, anchor=0,
                 fault=fault)
     logs = launch(case, tmp_path)
     kinds = [line.split(" ", 2)[2] for line in logs["rank0"]]
-    fallback = {"corrupt": "full delta_rejected: bad_payload",
+    fallback = {"corrupt": "full delta_rejected: bad_payload: rank 2: body_digest: expected ",
                 "wrong_base": "full base_mismatch", "restart": "full rollout_veto"}[fault]
     at = 4 if fault == "wrong_base" else 5
-    assert fallback == kinds[at - 1]
+    assert kinds[at - 1].startswith(fallback)
     assert all(k.startswith("delta") for i, k in enumerate(kinds[1:], 2) if i != at)
     for rank in (2, 3):
         assert ["bitwise equal"] * 7 == [line.split(" ", 2)[2] for line in logs[f"rank{rank}"]]
@@ -112,6 +113,32 @@ def test_dead_peer_raises_typed_errors_then_rejoin_syncs_full(tmp_path):
     assert ["bitwise equal"] * 2 + ["LinkError, unchanged"] + ["bitwise equal"] * 3 == [
         line.split(" ", 2)[2] for line in logs["rank3"]]
     assert ["bitwise equal"] * 3 == [line.split(" ", 2)[2] for line in logs["rank2-replacement"]]
+
+
+def test_full_syncs_in_small_windows(tmp_path):
+    """Windows of 256 bytes: every full sync and anchor goes in many rounds of boxes cut
+    into rows, each window checked and written as it comes; every version bitwise."""
+    case = Case(DENSE, MegatronLayout(tp=2), SGLangLayout(tp=2), versions=4, anchor=1,
+                window=256)
+    logs = launch(case, tmp_path)
+    assert ["full", "delta", "anchor", "delta"] == [line.split()[2] for line in logs["rank0"]]
+    for rank in (2, 3):
+        assert ["bitwise equal"] * 4 == [line.split(" ", 2)[2] for line in logs[f"rank{rank}"]]
+
+
+def test_refused_window_leaves_no_version_then_a_full_sync_recovers(tmp_path):
+    """A body byte flips in the second window round of the first full sync: the refusing
+    rollout's reason reaches the trainers (``SyncError``), every rollout rank that had
+    written a window holds no version, and the next sync goes full and is exact."""
+    case = Case(DENSE, MegatronLayout(tp=2), SGLangLayout(tp=2), versions=3, anchor=0,
+                window=256, fault="corrupt_full")
+    logs = launch(case, tmp_path)
+    for rank in (0, 1):
+        outcomes = [line.split(" ", 2)[2] for line in logs[f"rank{rank}"]]
+        assert ["SyncError LinkError", "full no_base", "delta delta"] == outcomes
+    for rank in (2, 3):
+        assert (["refused bad_payload, version None"] + ["bitwise equal"] * 2
+                == [line.split(" ", 2)[2] for line in logs[f"rank{rank}"]])
 
 
 def test_per_op_point_to_point_and_pipeline_stages(tmp_path):

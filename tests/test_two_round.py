@@ -1,5 +1,6 @@
-"""The two-round exchange alone: any world size, empty and uneven buffers, batches of a
-few operations, coalesced and per-op, all ranks agreeing on one schedule."""
+"""The two-round exchange alone: any world size, frames with empty, uneven and segmented
+bodies, batches of a few operations, coalesced and per-op, all ranks agreeing on one
+schedule."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ pytestmark = pytest.mark.distributed
 @pytest.mark.parametrize("world", [3, 5])
 @pytest.mark.parametrize("coalesce", [True, False], ids=["coalesced", "per-op"])
 def test_every_rank_gets_exactly_what_was_sent(world, coalesce, tmp_path):
-    """Each rank receives exactly the non-empty buffers addressed to it."""
+    """Each rank receives exactly the frames addressed to it (header and body bytes)."""
     context = multiprocessing.get_context("spawn")
     queue, store = context.Queue(), rendezvous(tmp_path)
     procs = [context.Process(target=rank_main, args=(r, world, store, world, coalesce, queue))

@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 from bitwise import first_difference
-from dte_codec import apply_, decode, encode_delta, encode_full
-from dte_codec.apply import Staged, prepare
+from dte_codec import Frame, apply_, decode, encode_delta, encode_full
+from dte_codec.apply import Staged, check_covered, prepare, prepare_window
 from dte_codec.errors import ApplyError, EntryError, MismatchError
 from dte_codec.header import Kind
-from dte_codec.parts import assemble, box_part
+from dte_codec.parts import assemble, box_part, dense_part
 from dte_codec.values import int_view
 from dte_detector import ChangeSet, diff
 
@@ -34,7 +34,7 @@ def _new(weights) -> dict[str, torch.Tensor]:
     return new
 
 
-def _delta_bytes(weights, new=None) -> bytes:
+def _delta_bytes(weights, new=None) -> Frame:
     new = _new(weights) if new is None else new
     changes = {name: diff(weights[name], new[name]) for name in weights}
     return encode_delta(new, changes, stream_id="s", base_version=1, version=2)
@@ -224,3 +224,34 @@ def test_failed_write_of_full_payload_says_versions_mix(monkeypatch):
     assert ("writing tensor 'b' failed after 1 of 3 entries: RuntimeError('disk on fire'); "
             "the tensors now mix versions") == str(info.value)
     assert first_difference({"a": source["a"]}, {"a": weights["a"]}) is None
+
+
+def test_full_version_in_windows():
+    """A full version split into two windows (one tensor each, ``b`` in two boxes):
+    each window is written as it comes; the regions of both cover every element."""
+    source, weights = _new(_weights()), _weights()
+    b = source["b"]
+    windows = [[dense_part("a", source["a"]), box_part("b", b[:1], shape=(4, 30), start=(0, 0))],
+               [box_part("b", b[1:], shape=(4, 30), start=(1, 0)), dense_part("c", source["c"])]]
+    regions: dict[str, list] = {}
+    for parts in windows:
+        payload = decode(assemble(parts, stream_id="s", kind=Kind.FULL, base_version=-1,
+                                  version=3))
+        prepare_window(weights, [payload]).write()
+        for entry, where in zip(payload.header.entries, payload.indices):
+            regions.setdefault(entry.name, []).append(where)
+    check_covered(weights, regions)
+    assert first_difference(source, weights) is None
+    del regions["c"]
+    with pytest.raises(MismatchError) as info:
+        check_covered(weights, regions)
+    assert "entries: expected every tensor of the receiver, got a full payload without ['c']" \
+        == str(info.value)
+
+
+def test_window_of_a_delta_refused():
+    """Only full payloads come in windows."""
+    weights = _weights()
+    with pytest.raises(MismatchError) as info:
+        prepare_window(weights, [decode(_delta_bytes(weights))])
+    assert "payloads: expected full payloads in a window, got DELTA" == str(info.value)

@@ -122,7 +122,43 @@ def prepare(weights: Mapping[str, torch.Tensor], payloads: Sequence[Payload], *,
             held: Mapping[str, int] | None = None) -> Prepared:
     """Stage the payloads of one version (every check of ``apply_all``, no write);
     ``held`` as in ``check_fit``."""
-    kind = check_fit(weights, payloads, held=held)
+    return _prepared(weights, payloads, check_fit(weights, payloads, held=held))
+
+
+def prepare_window(weights: Mapping[str, torch.Tensor], payloads: Sequence[Payload]
+                   ) -> Prepared:
+    """Stage a window of a full version, the part of it that one round brings: every
+    check of ``prepare`` but coverage, which ``check_covered`` makes once every window
+    is in (a full version sent in bounded windows is written window by window).
+
+    Raises:
+        MismatchError: as ``prepare``, but for elements left uncovered; also for
+            payloads that are not full.
+    """
+    kind, regions = _fit(weights, payloads)
+    if kind != Kind.FULL:
+        raise MismatchError("payloads", expected="full payloads in a window", got=kind.name)
+    for name, wheres in regions.items():
+        _check_disjoint(name, tuple(weights[name].shape), wheres)
+    return _prepared(weights, payloads, kind)
+
+
+def check_covered(weights: Mapping[str, torch.Tensor],
+                  regions: Mapping[str, Sequence[torch.Tensor | Box]], *,
+                  held: Mapping[str, int] | None = None) -> None:
+    """The regions (by tensor name) that every window of a full version brought are
+    disjoint and cover every element of ``weights`` (``held`` as in ``check_fit``): the
+    checks ``prepare_window`` leaves out.
+
+    Raises:
+        MismatchError: two regions overlap, or an element is left uncovered.
+    """
+    _check_regions(weights, {name: list(wheres) for name, wheres in regions.items()},
+                   Kind.FULL, held or {})
+
+
+def _prepared(weights: Mapping[str, torch.Tensor], payloads: Sequence[Payload], kind: Kind
+              ) -> Prepared:
     items = [(weights[entry.name], entry, where, sections)
              for payload in payloads
              for entry, where, sections in zip(payload.header.entries, payload.indices,
@@ -232,14 +268,21 @@ def check_fit(weights: Mapping[str, torch.Tensor], payloads: Sequence[Payload], 
     Raises:
         MismatchError: the first check that fails.
     """
+    kind, regions = _fit(weights, payloads)
+    _check_regions(weights, regions, kind, held or {})
+    return kind
+
+
+def _fit(weights: Mapping[str, torch.Tensor], payloads: Sequence[Payload]
+         ) -> tuple[Kind, dict[str, list[torch.Tensor | Box]]]:
+    """One stream, kind and version; every entry's target fits; the regions by tensor."""
     kind = _check_same_version(payloads)
     regions: dict[str, list[torch.Tensor | Box]] = defaultdict(list)
     for payload in payloads:
         for entry, where in zip(payload.header.entries, payload.indices):
             _check_target(weights, entry)
             regions[entry.name].append(where)
-    _check_regions(weights, regions, kind, held or {})
-    return kind
+    return kind, regions
 
 
 def _write(staged: list[Staged | StagedBatch], *, full: bool, check: Callable[[], None] | None) -> None:

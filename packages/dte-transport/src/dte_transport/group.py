@@ -9,11 +9,19 @@ walks the same sequence of collectives:
    sync when they hold no acknowledged base, an anchor is due or the caller forces one;
    rollout ranks veto a delta when they hold no version, and any disagreement on the
    base version or stream is a full sync too;
-2. exchange (``two_round``): each trainer sends every rollout rank one payload (a delta
-   of remapped change sets, or dense boxes for a full sync);
+2. exchange (``two_round``): each trainer sends every rollout rank one frame, its body
+   on ``device`` (a delta of remapped change sets);
 3. prepare: each rollout rank checks its payloads against its tensors and resolves them;
 4. vote: one all-reduce; only if every rollout rank prepared does any of them write.
    A rejected delta is followed at once by a full sync of the same version.
+
+A full sync (or anchor) goes in bounded windows instead (``windows``): one all-reduce
+agrees on the number of rounds, each round exchanges one window per (trainer, rollout)
+pair, and each rollout rank checks (digests included) and writes every window as it
+comes; after the last one it checks coverage and votes, and only then takes the version.
+A full sync that fails after some window was written leaves that rank with no version.
+After any nonzero vote every rank gathers the refusing ranks' reasons, so the trainers
+report the rollout's own words.
 
 A failed collective (a dead peer, the group's timeout) raises ``SyncError`` on trainers
 and ``LinkError`` on rollout ranks; receivers that had not written stay at their version
@@ -22,7 +30,6 @@ and the next sync is full.
 
 from __future__ import annotations
 
-import enum
 import logging
 from collections import defaultdict
 from collections.abc import Callable, Mapping, MutableMapping, Sequence
@@ -30,40 +37,23 @@ from collections.abc import Callable, Mapping, MutableMapping, Sequence
 import attrs
 import torch
 import torch.distributed as dist
-import xxhash
-from dte_codec import ChangeSet, CodecError, Kind, decode
-from dte_codec.apply import prepare
+from dte_codec import ChangeSet, CodecError, Frame, Kind, decode
+from dte_codec.apply import check_covered, prepare, prepare_window
 from dte_codec.batched_remap import RemapItem, remap_all
-from dte_codec.errors import ApplyError
+from dte_codec.errors import ApplyError, MismatchError
 from dte_codec.geometry import Shard, Transfer, held_counts
 from dte_codec.parts import Part, assemble, box_part, sparse_part
 from dte_codec.remap import Remapped
 
 from .ack import Ack, Rejection
+from .agreement import Decision, agree, all_reduce_max, stream_key, vote
 from .errors import LinkError, SyncError
 from .report import SyncKind, SyncReport, Timer
-from .sender import ANCHOR_DUE, DELTA, DELTA_REJECTED, NO_BASE, Sender
+from .sender import DELTA_REJECTED, Sender
 from .two_round import exchange
+from .windows import DEFAULT_WINDOW_BYTES, windows
 
 log = logging.getLogger(__name__)
-
-FORCED = "forced"
-ROLLOUT_VETO = "rollout_veto"
-BASE_MISMATCH = "base_mismatch"
-REJECTIONS = tuple(Rejection)
-
-
-class _Slot(enum.IntEnum):
-    """Positions in the agreement vector (all-reduced with MAX)."""
-
-    NO_BASE = 0
-    ANCHOR_DUE = 1
-    FORCED = 2
-    VETO = 3
-    BASE_HIGH = 4
-    BASE_LOW_NEG = 5
-    STREAM_HIGH = 6
-    STREAM_LOW_NEG = 7
 
 
 @attrs.frozen
@@ -77,46 +67,6 @@ class Roles:
         if not self.trainers or not self.rollouts or set(self.trainers) & set(self.rollouts):
             raise ValueError(f"roles need disjoint, non-empty trainer and rollout ranks, got "
                              f"{self.trainers} and {self.rollouts}")
-
-
-@attrs.frozen
-class _Decision:
-    kind: SyncKind
-    reason: str
-    base: int | None
-
-
-def _stream_key(stream_id: str | None) -> int:
-    return -1 if stream_id is None else xxhash.xxh3_64_intdigest(stream_id.encode()) >> 1
-
-
-def _all_reduce_max(values: list[int], group, device) -> list[int]:
-    tensor = torch.tensor(values, dtype=torch.int64, device=device)
-    try:
-        dist.all_reduce(tensor, op=dist.ReduceOp.MAX, group=group)
-    except (RuntimeError, dist.DistBackendError) as exc:
-        raise LinkError(f"all-reduce over {dist.get_backend(group)} failed: {exc}") from exc
-    return tensor.tolist()
-
-
-def _agree(vote: list[int], group, device) -> _Decision:
-    got = _all_reduce_max(vote, group, device)
-    base_high, base_low = got[_Slot.BASE_HIGH], -got[_Slot.BASE_LOW_NEG]
-    reasons = [(got[_Slot.NO_BASE], NO_BASE), (got[_Slot.ANCHOR_DUE], ANCHOR_DUE),
-               (got[_Slot.FORCED], FORCED), (got[_Slot.VETO], ROLLOUT_VETO),
-               (base_high != base_low, BASE_MISMATCH),
-               (got[_Slot.STREAM_HIGH] != -got[_Slot.STREAM_LOW_NEG], BASE_MISMATCH)]
-    reason = next((why for flag, why in reasons if flag), None)
-    if reason is None:
-        return _Decision(SyncKind.DELTA, DELTA, base_high)
-    kind = SyncKind.ANCHOR if reason == ANCHOR_DUE else SyncKind.FULL
-    return _Decision(kind, reason, None)
-
-
-def _vote(rejection: Rejection | None, group, device) -> Rejection | None:
-    code = 0 if rejection is None else REJECTIONS.index(rejection) + 1
-    (worst,) = _all_reduce_max([code], group, device)
-    return None if worst == 0 else REJECTIONS[worst - 1]
 
 
 class GroupSender:
@@ -133,16 +83,22 @@ class GroupSender:
         group, device: the process group and the device buffers travel on.
         anchor_interval: full anchor after this many committed deltas; 0 never.
         coalesce: batch the point-to-point operations (``two_round``).
+        window_bytes: a full sync goes in windows of at most this many bytes per rollout
+            rank (a single row of a tensor may exceed it).
     """
 
     def __init__(self, plan: Mapping[str, Sequence[Transfer]], *, roles: Roles, stream_id: str,
                  group: dist.ProcessGroup | None = None, device: str | torch.device = "cpu",
-                 anchor_interval: int = 20, coalesce: bool = True):
+                 anchor_interval: int = 20, coalesce: bool = True,
+                 window_bytes: int = DEFAULT_WINDOW_BYTES):
         if anchor_interval < 0:
             raise ValueError(f"anchor_interval must be >= 0, got {anchor_interval}")
+        if window_bytes < 1:
+            raise ValueError(f"window_bytes must be >= 1, got {window_bytes}")
         self.plan, self.roles = plan, roles
         self.stream_id, self.group, self.device = stream_id, group, torch.device(device)
         self.anchor_interval, self.coalesce = anchor_interval, coalesce
+        self.window_bytes = window_bytes
         self.acknowledged: int | None = None
         self.deltas_since_full = 0
 
@@ -166,11 +122,11 @@ class GroupSender:
 
     def _sync(self, weights, version, changes, *, forced) -> SyncReport:
         base = -1 if self.acknowledged is None else self.acknowledged
-        stream = _stream_key(self.stream_id)
+        stream = stream_key(self.stream_id)
         vote = [int(self.acknowledged is None), int(self.anchor_due), int(forced), 0, base, -base,
                 stream, -stream]
         try:
-            decision = _agree(vote, self.group, self.device)
+            decision = agree(vote, self.group, self.device)
             report = self._deliver(weights, version, decision, changes)
         except LinkError as exc:
             self.acknowledged = None
@@ -181,7 +137,7 @@ class GroupSender:
                  report.payload_bytes, sum(report.ms.values()))
         return report
 
-    def _deliver(self, weights, version: int, decision: _Decision, changes) -> SyncReport:
+    def _deliver(self, weights, version: int, decision: Decision, changes) -> SyncReport:
         timer, changed, sent = Timer(), None, 0
         if decision.kind == SyncKind.DELTA:
             with timer.phase("detect"):
@@ -189,24 +145,43 @@ class GroupSender:
             changed = sum(len(c.indices) for c in change_sets.values())
             with timer.phase("encode"):
                 outgoing = self._delta_payloads(weights, change_sets, decision.base, version)
-            sent += sum(len(d) for d in outgoing.values())
+            sent += sum(f.nbytes for f in outgoing.values())
             with timer.phase("send"):
                 exchange(outgoing, group=self.group, device=self.device, coalesce=self.coalesce)
-                rejection = _vote(None, self.group, self.device)
+                rejection, detail = vote(None, "", self.group, self.device)
             if rejection is None:
                 return self._report(weights, version, decision, sent, changed, timer.ms)
-            decision = _Decision(SyncKind.FULL, f"{DELTA_REJECTED}: {rejection.value}", None)
-            log.warning("v%d delta rejected by a rollout rank (%s); syncing in full", version,
-                        rejection.value)
-        with timer.phase("encode"):
-            outgoing = self._full_payloads(weights, version)
-        sent += sum(len(d) for d in outgoing.values())
+            decision = Decision(SyncKind.FULL, f"{DELTA_REJECTED}: {rejection.value}: {detail}",
+                                 None)
+            log.warning("v%d delta rejected (%s); syncing in full", version, decision.reason)
+        sent += self._send_windows(weights, version, timer)
         with timer.phase("send"):
-            exchange(outgoing, group=self.group, device=self.device, coalesce=self.coalesce)
-            rejection = _vote(None, self.group, self.device)
+            rejection, detail = vote(None, "", self.group, self.device)
         if rejection is not None:
-            raise LinkError(f"full sync rejected by a rollout rank ({rejection.value})")
+            raise LinkError(f"full sync rejected by a rollout rank ({rejection.value}): {detail}")
         return self._report(weights, version, decision, sent, None, timer.ms)
+
+    def _send_windows(self, weights, version: int, timer: Timer) -> int:
+        """Every window of the full version to every rollout rank, round by round; the
+        bytes sent."""
+        pending = {rank: windows(self.plan, weights, rank, self.window_bytes)
+                   for rank in self.roles.rollouts}
+        (rounds,) = all_reduce_max([max(map(len, pending.values()), default=0)], self.group,
+                                    self.device)
+        sent = 0
+        for k in range(rounds):
+            with timer.phase("encode"):
+                outgoing = {rank: self._window(weights, pieces[k], version)
+                            for rank, pieces in pending.items() if k < len(pieces)}
+            sent += sum(f.nbytes for f in outgoing.values())
+            with timer.phase("send"):
+                exchange(outgoing, group=self.group, device=self.device, coalesce=self.coalesce)
+        return sent
+
+    def _window(self, weights, pieces: Sequence[tuple[str, Transfer]], version: int) -> Frame:
+        return assemble([_box(transfer, weights[name]) for name, transfer in pieces],
+                        stream_id=self.stream_id, kind=Kind.FULL, base_version=-1,
+                        version=version)
 
     def _report(self, weights, version, decision, sent, changed, ms) -> SyncReport:
         dense = sum(t.numel() * t.element_size() for t in weights.values())
@@ -214,17 +189,8 @@ class GroupSender:
                           base_version=decision.base, payload_bytes=sent, dense_bytes=dense,
                           changed=changed, ms=ms)
 
-    def _full_payloads(self, weights, version: int) -> dict[int, bytes]:
-        parts: dict[int, list[Part]] = defaultdict(list)
-        for name, tensor in weights.items():
-            for transfer in self.plan.get(name, ()):
-                parts[transfer.target_rank].append(_box(transfer, tensor))
-        return {rank: bytes(assemble(parts.get(rank, []), stream_id=self.stream_id,
-                                     kind=Kind.FULL, base_version=-1, version=version))
-                for rank in self.roles.rollouts}
-
     def _delta_payloads(self, weights, change_sets: Mapping[str, ChangeSet], base: int,
-                        version: int) -> dict[int, bytes]:
+                        version: int) -> dict[int, Frame]:
         parts: dict[int, list[Part]] = defaultdict(list)
         changed = [(tensor, change_sets[name], RemapItem(
                         self.plan[name], tuple(tensor.shape),
@@ -236,8 +202,8 @@ class GroupSender:
         for (tensor, change, item), routed in zip(changed, remapped):
             for rank, part_list in _routed(item, tensor, change, routed):
                 parts[rank].extend(part_list)
-        return {rank: bytes(assemble(parts.get(rank, []), stream_id=self.stream_id,
-                                     kind=Kind.DELTA, base_version=base, version=version))
+        return {rank: assemble(parts.get(rank, []), stream_id=self.stream_id, kind=Kind.DELTA,
+                               base_version=base, version=version)
                 for rank in self.roles.rollouts}
 
 
@@ -283,24 +249,25 @@ class GroupReceiver:
         """Take part in one version's sync; the answer says what this rank ended with.
 
         Raises:
-            LinkError: a collective failed; this rank did not write anything.
+            LinkError: a collective failed; this rank did not write anything, or (a full
+                sync after some window was written) it holds no version now.
         """
         version = -1 if self.version is None else self.version
-        stream = _stream_key(self.stream_id)
+        stream = stream_key(self.stream_id)
         vote = [0, 0, 0, int(self.version is None), version, -version, stream, -stream]
-        decision = _agree(vote, self.group, self.device)
-        ack = self._round(decision.kind != SyncKind.DELTA)
-        if ack.accepted or decision.kind != SyncKind.DELTA:
-            return ack
-        return self._round(full=True)
+        decision = agree(vote, self.group, self.device)
+        if decision.kind != SyncKind.DELTA:
+            return self._full()
+        ack = self._delta()
+        return ack if ack.accepted else self._full()
 
-    def _round(self, full: bool) -> Ack:
+    def _delta(self) -> Ack:
         inbox = exchange({}, group=self.group, device=self.device, coalesce=self.coalesce)
         rejection, detail, prepared, header = None, "", None, None
         try:
             payloads = [decode(inbox[rank], device=self.device) for rank in self.roles.trainers]
             header = payloads[0].header
-            self._check(header, full)
+            self._check(header, full=False)
             prepared = prepare(self.weights, payloads, held=self.held)
         except KeyError as exc:
             rejection, detail = Rejection.BAD_PAYLOAD, f"no payload from trainer rank {exc}"
@@ -308,24 +275,78 @@ class GroupReceiver:
             rejection, detail = exc.rejection, str(exc)
         except CodecError as exc:
             rejection, detail = Rejection.BAD_PAYLOAD, str(exc)
-        worst = _vote(rejection, self.group, self.device)
-        if worst is not None:
-            if rejection is not None:
-                log.warning("rejected v%s (%s): %s; staying at version %s",
-                            header and header.payload_version, rejection.value, detail,
-                            self.version)
-            return Ack(accepted=False, version=self.version, rejection=rejection or worst,
-                       detail=detail or "another rollout rank rejected this version")
+        refused = self._refused(rejection, detail, header)
+        if refused is not None:
+            return refused
         try:
             prepared.write()
-        except ApplyError as exc:  # rolled back (a delta) or no valid version (full)
-            if prepared.full:
-                self.version = self.stream_id = None
+        except ApplyError as exc:  # rolled back
             log.error("writing v%d failed: %s", header.payload_version, exc)
             return Ack(accepted=False, version=self.version, rejection=Rejection.APPLY_FAILED,
                        detail=str(exc))
         self.version, self.stream_id = header.payload_version, header.stream_id
         return Ack(accepted=True, version=self.version)
+
+    def _full(self) -> Ack:
+        """Every window as it comes, then coverage, then the vote (``windows``)."""
+        (rounds,) = all_reduce_max([0], self.group, self.device)
+        rejection, detail, header = None, "", None
+        regions: dict[str, list] = defaultdict(list)
+        for _ in range(rounds):
+            inbox = exchange({}, group=self.group, device=self.device, coalesce=self.coalesce)
+            if rejection is not None or not inbox:
+                continue  # keep walking the rounds with the others (after a refusal,
+                # writing nothing more; this rank's windows may be fewer than others')
+            try:
+                payloads = [decode(frame, device=self.device) for frame in inbox.values()]
+                for payload in payloads:
+                    self._check(payload.header, full=True)
+                    header = header or payload.header
+                    self._same_version(header, payload.header)
+                prepared = prepare_window(self.weights, payloads)
+                # from the first write on, the version held before is gone, whatever
+                # happens next (a refusal, a failed collective)
+                self.version = self.stream_id = None
+                prepared.write()
+                for payload in payloads:
+                    for entry, where in zip(payload.header.entries, payload.indices):
+                        regions[entry.name].append(where)
+            except _Refused as exc:
+                rejection, detail = exc.rejection, str(exc)
+            except ApplyError as exc:
+                rejection, detail = Rejection.APPLY_FAILED, str(exc)
+            except MismatchError as exc:
+                rejection, detail = Rejection.MISMATCH, str(exc)
+            except CodecError as exc:
+                rejection, detail = Rejection.BAD_PAYLOAD, str(exc)
+        if rejection is None:
+            try:
+                check_covered(self.weights, regions, held=self.held)
+            except MismatchError as exc:
+                rejection, detail = Rejection.MISMATCH, str(exc)
+        refused = self._refused(rejection, detail, header)
+        if refused is not None:
+            return refused
+        self.version, self.stream_id = header.payload_version, header.stream_id
+        return Ack(accepted=True, version=self.version)
+
+    def _refused(self, rejection: Rejection | None, detail: str, header) -> Ack | None:
+        """The vote; a refusal as this rank's answer, or None when every rank agreed."""
+        worst, reasons = vote(rejection, detail, self.group, self.device)
+        if worst is None:
+            return None
+        if rejection is not None:
+            log.warning("rejected v%s (%s): %s; staying at version %s",
+                        header and header.payload_version, rejection.value, detail, self.version)
+        return Ack(accepted=False, version=self.version, rejection=rejection or worst,
+                   detail=detail or f"another rollout rank rejected this version: {reasons}")
+
+    def _same_version(self, first, header) -> None:
+        if (header.stream_id, header.payload_version) != (first.stream_id,
+                                                          first.payload_version):
+            raise _Refused(Rejection.BAD_PAYLOAD, f"a window of v{header.payload_version} of "
+                                                  f"{header.stream_id!r} in the full sync of "
+                                                  f"v{first.payload_version}")
 
     def _check(self, header, full: bool) -> None:
         if full != (header.kind == Kind.FULL):

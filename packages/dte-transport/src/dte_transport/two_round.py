@@ -1,11 +1,13 @@
-"""Two-round exchange of byte buffers between the ranks of a ``torch.distributed`` group.
+"""Two-round exchange of payload frames between the ranks of a ``torch.distributed`` group.
 
-Round 1 is one collective: every rank contributes how many bytes it sends to each rank,
-and every rank learns the whole size matrix. Round 2 moves the buffers with
-point-to-point operations. Because every rank holds the same matrix, every rank derives
-the same schedule: the pairs with bytes to move, in (source, destination) order, cut
-into batches of at most ``max_ops`` pairs. Each rank walks all batches in that order
-and posts the operations it takes part in, so no rank's local decision can leave a peer
+Round 1 is one collective: every rank contributes how many header and body bytes it
+sends to each rank, and every rank learns the whole size matrix. Round 2 moves the
+frames with point-to-point operations, a frame's header (a few KiB, from the host) and
+its body (a tensor on ``device``, straight from where it was encoded: no host copy) as
+two operations. Because every rank holds the same matrix, every rank derives the same
+schedule: the pairs with a frame to move, in (source, destination) order, cut into
+batches of at most ``max_ops`` pairs. Each rank walks all batches in that order and
+posts the operations it takes part in, so no rank's local decision can leave a peer
 waiting on an operation that never comes, and any world size works.
 
 Coalesced (the default) posts each batch with ``batch_isend_irecv`` and waits for it as a
@@ -18,6 +20,7 @@ from collections.abc import Mapping
 
 import torch
 import torch.distributed as dist
+from dte_codec import Frame
 
 from .errors import LinkError
 
@@ -25,14 +28,15 @@ MAX_OPS = 64
 """Point-to-point pairs in flight per batch."""
 
 
-def exchange(outgoing: Mapping[int, bytes], *, group: dist.ProcessGroup | None = None,
+def exchange(outgoing: Mapping[int, Frame], *, group: dist.ProcessGroup | None = None,
              device: torch.device | str = "cpu", coalesce: bool = True,
-             max_ops: int = MAX_OPS) -> dict[int, bytes]:
-    """Send ``outgoing[peer]`` to each peer and return what each peer sent here.
+             max_ops: int = MAX_OPS) -> dict[int, Frame]:
+    """Send ``outgoing[peer]`` to each peer and return the frame each peer sent here.
 
     Every rank of ``group`` must call this, with an empty mapping if it sends nothing.
-    Ranks are the group's ranks. Buffers travel as uint8 tensors on ``device`` (a CUDA
-    device for NCCL).
+    Ranks are the group's ranks. Bodies travel as uint8 tensors on ``device`` (a CUDA
+    device for NCCL); a received frame's body is one tensor there. A frame sent to this
+    rank itself comes back as it is.
 
     Raises:
         LinkError: a collective or point-to-point operation failed (e.g. a peer died or
@@ -44,37 +48,47 @@ def exchange(outgoing: Mapping[int, bytes], *, group: dist.ProcessGroup | None =
         raise LinkError(f"exchange over {dist.get_backend(group)} failed: {exc}") from exc
 
 
-def size_matrix(outgoing: Mapping[int, bytes], group, device: torch.device) -> list[list[int]]:
-    """Round 1: every rank's outgoing byte counts, as rows indexed by sending rank."""
+def size_matrix(outgoing: Mapping[int, Frame], group, device: torch.device
+                ) -> list[list[tuple[int, int]]]:
+    """Round 1: per sending rank (rows) and destination, (header, body) byte counts."""
     world = dist.get_world_size(group)
-    mine = torch.zeros(world, dtype=torch.int64, device=device)
-    for peer, data in outgoing.items():
-        mine[peer] = len(data)
-    rows = [torch.empty_like(mine) for _ in range(world)]
-    dist.all_gather(rows, mine, group=group)
-    return [row.tolist() for row in rows]
+    mine = torch.zeros(world, 2, dtype=torch.int64)
+    for peer, frame in outgoing.items():
+        mine[peer, 0], mine[peer, 1] = len(frame.header), frame.body_size
+    rows = [torch.empty_like(mine, device=device) for _ in range(world)]
+    dist.all_gather(rows, mine.to(device), group=group)
+    return [[tuple(pair) for pair in row.tolist()] for row in rows]
 
 
-def _exchange(outgoing, group, device, coalesce, max_ops) -> dict[int, bytes]:
+def _exchange(outgoing, group, device, coalesce, max_ops) -> dict[int, Frame]:
     me = dist.get_rank(group)
     sizes = size_matrix(outgoing, group, device)
-    pairs = [(src, dst) for src, row in enumerate(sizes) for dst, n in enumerate(row)
-             if n and src != dst]
-    inbox = {src: torch.empty(sizes[src][me], dtype=torch.uint8, device=device)
+    pairs = [(src, dst) for src, row in enumerate(sizes) for dst, (head, _) in enumerate(row)
+             if head and src != dst]
+    heads = {src: torch.empty(sizes[src][me][0], dtype=torch.uint8, device=device)
              for src, dst in pairs if dst == me}
+    bodies = {src: torch.empty(sizes[src][me][1], dtype=torch.uint8, device=device)
+              for src, dst in pairs if dst == me}
     for start in range(0, len(pairs), max_ops):
         ops = []
         for src, dst in pairs[start:start + max_ops]:
             if src == me:
-                ops.append(dist.P2POp(dist.isend, _tensor(outgoing[dst], device),
-                                      _peer(dst, group), group))
+                frame = outgoing[dst]
+                ops += _ops(dist.isend, _head(frame, device), frame.body().to(device), dst, group)
             elif dst == me:
-                ops.append(dist.P2POp(dist.irecv, inbox[src], _peer(src, group), group))
+                ops += _ops(dist.irecv, heads[src], bodies[src], src, group)
         _run(ops, coalesce)
-    received = {src: bytes(buffer.cpu().numpy()) for src, buffer in inbox.items()}
-    if me in outgoing and outgoing[me]:
-        received[me] = bytes(outgoing[me])
+    received = {src: Frame(bytes(heads[src].cpu().numpy()), (bodies[src],)) for src in heads}
+    if me in outgoing:
+        received[me] = outgoing[me]
     return received
+
+
+def _ops(op, head: torch.Tensor, body: torch.Tensor, peer: int, group) -> list[dist.P2POp]:
+    ops = [dist.P2POp(op, head, _peer(peer, group), group)]
+    if body.numel():
+        ops.append(dist.P2POp(op, body, _peer(peer, group), group))
+    return ops
 
 
 def _run(ops: list[dist.P2POp], coalesce: bool) -> None:
@@ -88,8 +102,8 @@ def _run(ops: list[dist.P2POp], coalesce: bool) -> None:
         op.op(op.tensor, op.peer, op.group).wait()
 
 
-def _tensor(data: bytes, device: torch.device) -> torch.Tensor:
-    return torch.frombuffer(bytearray(data), dtype=torch.uint8).to(device)
+def _head(frame: Frame, device: torch.device) -> torch.Tensor:
+    return torch.frombuffer(bytearray(frame.header), dtype=torch.uint8).to(device)
 
 
 def _peer(rank: int, group) -> int:
