@@ -12,7 +12,7 @@ from pathlib import Path
 
 import areal_example as example
 import pytest
-from areal_dte.areal_job import DELTA_ACTOR
+from areal_dte.areal.areal_job import DELTA_ACTOR
 from areal_dte.errors import AReaLImportError
 from gsm8k_separation.cluster import REWARD, WORKFLOW, prepare_cluster, run_cluster
 from gsm8k_separation.model import tokenizer_dir

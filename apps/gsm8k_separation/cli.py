@@ -179,7 +179,7 @@ def _cluster(profile: Any, *, dry_run: bool) -> int:
 
     try:
         if dry_run:
-            from areal_dte.areal_job import plan_cluster  # noqa: PLC0415 - needs AReaL
+            from areal_dte.areal.areal_job import plan_cluster  # noqa: PLC0415 - needs AReaL
 
             plan = plan_cluster(profile.tree, profile.run)
         else:

@@ -10,7 +10,7 @@ import importlib.util
 
 import areal_example as example
 import pytest
-from areal_dte.areal_job import AREAL_ACTOR, DELTA_ACTOR, experiment_config, plan_cluster
+from areal_dte.areal.areal_job import AREAL_ACTOR, DELTA_ACTOR, experiment_config, plan_cluster
 from areal_dte.errors import AReaLImportError, ClusterModeError
 from dte_config import ConfigValidationError, DeltaMethod, read_env
 from dte_config.env import env_variables

@@ -12,7 +12,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from .areal_import import areal_module
+from ..areal_import import areal_module
 from .areal_job import ClusterPlan
 
 __all__ = ["DeltaPPOTrainer"]

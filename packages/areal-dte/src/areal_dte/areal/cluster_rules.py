@@ -31,8 +31,8 @@ from dte_config.delta import ACTOR, DIAGNOSTICS, PERFORMANCE, setting_values
 from dte_config.errors import show
 from dte_config.rl import lookup
 
-from .areal_import import areal_module
-from .errors import ClusterModeError
+from ..areal_import import areal_module
+from ..errors import ClusterModeError
 
 __all__ = ["XCCL", "check_areal", "check_delta"]
 

@@ -25,11 +25,11 @@ import torch.distributed as dist
 from dte_config import read_env
 from dte_transport import Sender
 
-from .areal_import import areal_module
-from .bucket_sync import BucketSync
+from ..areal_import import areal_module
+from ..bucket_sync import BucketSync
+from ..errors import DeltaSyncError
+from ..xccl_link import XcclLink
 from .cluster_rules import XCCL, check_delta
-from .errors import DeltaSyncError
-from .xccl_link import XcclLink
 
 __all__ = ["DeltaMegatronPPOActor"]
 

@@ -23,9 +23,9 @@ from dte_config import DeltaConfig, RunConfig, export_env
 from dte_config.load import LoadedConfig
 from omegaconf import DictConfig, OmegaConf
 
-from .areal_import import areal_module
+from ..areal_import import areal_module
+from ..errors import ClusterModeError
 from .cluster_rules import XCCL, check_areal
-from .errors import ClusterModeError
 
 __all__ = [
     "AREAL_ACTOR",
@@ -39,7 +39,7 @@ __all__ = [
 
 AREAL_ACTOR = "areal.engine.megatron_engine.MegatronPPOActor"
 """AReaL's Megatron PPO actor: its full-weight update runs unchanged."""
-DELTA_ACTOR = "areal_dte.megatron_actor.DeltaMegatronPPOActor"
+DELTA_ACTOR = "areal_dte.areal.megatron_actor.DeltaMegatronPPOActor"
 """AReaL's actor with the delta path; train workers import it by this path."""
 SCHEDULERS = {"local": "LocalScheduler", "slurm": "SlurmScheduler", "ray": "RayScheduler"}
 """``scheduler.type`` -> AReaL's scheduler class in ``areal.infra``."""
