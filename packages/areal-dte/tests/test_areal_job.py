@@ -10,7 +10,14 @@ import importlib.util
 
 import areal_example as example
 import pytest
-from areal_dte.areal.areal_job import AREAL_ACTOR, DELTA_ACTOR, experiment_config, plan_cluster
+from areal_dte.areal.areal_job import (
+    AREAL_ACTOR,
+    DELTA_ACTOR,
+    SGLANG_EXTENSION,
+    SGLANG_EXTENSION_VAR,
+    experiment_config,
+    plan_cluster,
+)
 from areal_dte.errors import AReaLImportError, ClusterModeError
 from dte_config import ConfigValidationError, DeltaMethod, read_env
 from dte_config.env import env_variables
@@ -63,6 +70,18 @@ def test_delta_settings_reach_every_worker_spec(load):
     assert [expected] * len(specs) == [_dte(spec.env_vars) for spec in specs]
     assert [loaded.config.delta] * len(specs) == [read_env(_dte(s.env_vars)) for s in specs]
     assert "7" == expected["DTE_ANCHOR_INTERVAL"]
+
+
+def test_rollout_specs_name_the_sglang_extension(load):
+    """With the path on, every rollout spec (and no actor spec) makes SGLang import the
+    package that installs the delta SGLang adapter; with it off, none does."""
+    on = plan_cluster(*_parts(load(*ON))).config
+    off = plan_cluster(*_parts(load(*OFF))).config
+    assert [SGLANG_EXTENSION] * len(on.rollout.scheduling_spec) == [
+        spec.env_vars[SGLANG_EXTENSION_VAR] for spec in on.rollout.scheduling_spec]
+    specs = [*on.actor.scheduling_spec, *off.actor.scheduling_spec,
+             *off.rollout.scheduling_spec]
+    assert [None] * len(specs) == [(s.env_vars or {}).get(SGLANG_EXTENSION_VAR) for s in specs]
 
 
 def test_delta_on_selects_areal_dte_engine(load):
@@ -177,7 +196,7 @@ def test_plan_describes_itself_for_a_dry_run(load):
         "scheduler: LocalScheduler (scheduler.type=local)",
         f"actor: megatron(actor):d2t4e8, 8 GPUs, engine {DELTA_ACTOR}",
         "rollout: sglang(rollout):d2t4, 8 GPUs",
-        "weight sync: delta (snapshot), full anchor every 20 deltas, over xccl",
+        "weight sync: delta (snapshot), full anchor every 20 deltas, over AReaL's awex group",
     ]
     assert expected == plan.describe()
 

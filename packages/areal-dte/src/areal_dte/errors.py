@@ -108,3 +108,20 @@ class DeltaSyncError(ArealDteError, RuntimeError):
     def __init__(self, field: str, *, expected: object, got: object):
         self.field, self.expected, self.got = field, expected, got
         super().__init__(f"{field}: expected {expected}, got {got}")
+
+
+class IncompatibleStackError(ArealDteError, RuntimeError):
+    """The installed AReaL/awex/SGLang/megatron-core/torch differ from what cluster mode
+    hooks into (``what``: a distribution's version or a private name it relies on)."""
+
+    def __init__(self, what: str, *, expected: object, got: object):
+        self.what, self.expected, self.got = what, expected, got
+        super().__init__(f"{what}: expected {expected}, got {got}; cluster mode installs "
+                         "itself into these exact versions (packages/areal-dte/README.md)")
+
+    def __reduce__(self):
+        return _rebuild_stack_error, (self.what, self.expected, self.got)
+
+
+def _rebuild_stack_error(what: str, expected: object, got: object) -> IncompatibleStackError:
+    return IncompatibleStackError(what, expected=expected, got=got)

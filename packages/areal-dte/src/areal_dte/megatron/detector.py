@@ -136,7 +136,9 @@ class MegatronChanges:
     @torch.no_grad()
     def _compare_and_copy(self, shards: Sequence[MainShard]) -> None:
         for shard in shards:
-            self._cast.record_and_copy(shard.name, shard.main.detach(), shard.model)
+            # flat, as the model range: the non-distributed optimizer's masters keep the
+            # param's shape (the distributed one's shards are flat already)
+            self._cast.record_and_copy(shard.name, shard.main.detach().view(-1), shard.model)
 
     def _needs_full(self, reason: str) -> None:
         if self._reason is None:
