@@ -59,6 +59,9 @@ class Case:
     vote, after the exchange)."""
     restart: int = 12
     """Before this version rollout rank 0 restarts empty and every rank reconnects."""
+    busy: int = 7
+    """The version after which the last rollout rank's scheduler is not idle: its cache
+    cannot be flushed."""
 
     @property
     def rollouts(self) -> int:
@@ -232,13 +235,18 @@ def run_rollout(rank: int, case: Case, store: str, folder: str) -> None:
     model = _module_of({n: torch.zeros(s.shape, dtype=s.dtype) for n, s in shard.tensors.items()})
     model.config = hf_config(case.config)
     flushes = []
+
+    def flush_cache() -> bool:  # SGLang's answer: False unless the scheduler is idle
+        flushes.append(version)
+        return not (version == case.busy and rank == case.rollouts - 1)
+    version = 0
     scheduler = types.SimpleNamespace(
         server_args=types.SimpleNamespace(  # the ServerArgs fields awex's strategy reads
             tp_size=case.rollout_tp, pp_size=1, dp_size=1, ep_size=1, enable_dp_attention=False,
             enable_dp_lm_head=False, moe_dense_tp_size=None),
         tp_rank=tp_rank, tp_worker=types.SimpleNamespace(
             model_runner=types.SimpleNamespace(model=model)),
-        flush_cache=lambda: flushes.append(1) or True)
+        flush_cache=flush_cache)
     adapter = DeltaAwexSGLangAdapter(scheduler)
     _report_meta(adapter, folder, f"infer{rank}")
     _connect(adapter, case, folder, PAIRS[0], rank)

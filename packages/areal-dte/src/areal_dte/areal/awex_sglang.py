@@ -22,13 +22,11 @@ error is raised at the end, where AReaL's gateway reports it.
 from __future__ import annotations
 
 import logging
-import os
 from typing import Any
 
 import torch
 from dte_codec.errors import GeometryError
 from dte_codec.layouts import ModelConfig
-from dte_config import read_env
 from dte_transport.group import GroupReceiver
 
 from ..areal_import import areal_module
@@ -53,7 +51,6 @@ class DeltaAwexSGLangAdapter(getattr(_awex_adapter, SGLANG_ADAPTER[1])):
 
     def __init__(self, scheduler: Any):
         super().__init__(scheduler)
-        self.delta = read_env(os.environ)
         self.receiver: GroupReceiver | None = None
         self.shard = None
 
@@ -106,7 +103,8 @@ class DeltaAwexSGLangAdapter(getattr(_awex_adapter, SGLANG_ADAPTER[1])):
         try:
             self.shard.check_tensors(weights)
         except GeometryError as exc:
-            log.error("live parameters do not fit the rollout shard (%s); refusing v-next", exc)
+            log.error("live parameters do not fit the rollout shard (%s); refusing this "
+                      "version", exc)
             self.receiver.version = None  # a veto of any delta; the full round is refused
             return {}
         return weights
