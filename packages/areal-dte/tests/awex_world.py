@@ -159,6 +159,7 @@ def _connect(adapter, case: Case, folder: str, pair: str, transfer_rank: int) ->
         transfer_rank=transfer_rank, world_size=case.world, kv_store_url=where["kv"],
         infer_world_size=case.rollout_tp, train_world_size=TRAINER_TP,
         num_engines=case.engines)
+    adapter.batch_isend_irecv(world_size=case.world)  # the gateway's next call
 
 
 def _report_meta(adapter, folder: str, name: str) -> None:

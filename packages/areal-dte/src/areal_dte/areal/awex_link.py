@@ -11,23 +11,26 @@ metas in its KV store. From them each side builds:
   transfer rank ``e * I + r`` (AReaL numbers inference ranks first), its SGLang layout
   read off the inference metas and checked against them (names, padded shapes);
 - the group (`group.weight_update_group`): NCCL where CUDA is, else gloo; the trainers
-  are the transfer ranks after the inference ones.
+  are the transfer ranks after the inference ones. `warm_up` stands for AReaL's
+  liveness exchange on it.
 """
 
 from __future__ import annotations
 
 import attrs
 import torch
+import torch.distributed as dist
 from dte_codec.geometry import Shard
 from dte_codec.layouts import EMBED, LM_HEAD, ModelConfig, canonical_tensors
 from dte_codec.sglang_layout import SGLangLayout, sglang_shard
 from dte_transport.group import Roles
+from dte_transport.two_round import exchange
 
 from ..areal_import import areal_module
 from ..errors import UnsupportedModelError
 from .group import weight_update_group
 
-__all__ = ["Connection", "connect"]
+__all__ = ["Connection", "connect", "warm_up"]
 
 
 @attrs.frozen(kw_only=True)
@@ -96,3 +99,14 @@ def rollout_layout(config: ModelConfig, infer_meta, *, tp: int) -> SGLangLayout:
         raise UnsupportedModelError("rollout weight metas (name, global shape)",
                                     expected=f"those of {config}", got=f"differences {differ[:4]}")
     return layout
+
+
+def warm_up(link: Connection) -> None:
+    """What AReaL's ``/awex/batch_isend_irecv`` is for, on this group: every
+    trainer-to-rollout path opened once before the first version (NCCL opens them
+    lazily). AReaL's own helper names peers through an identity rank map, which this
+    group does not have (`group.weight_update_group`). Every transfer rank calls it.
+    """
+    me = dist.get_rank(link.group)
+    peers = link.roles.rollouts if me in link.roles.trainers else ()
+    exchange({peer: b"\0" for peer in peers}, group=link.group, device=link.device)

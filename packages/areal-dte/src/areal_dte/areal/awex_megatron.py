@@ -1,7 +1,7 @@
 """AReaL's awex trainer adapter, sending each Megatron rank's changes instead of the model.
 
 `DeltaAwexMegatronAdapter` keeps AReaL's ``AwexMegatronAdapter`` for everything but the
-three steps of a separated weight update:
+steps of a separated weight update (and ``batch_isend_irecv``, `awex_link.warm_up`):
 
 - ``get_weight_metadata``: the Hugging Face names and full shapes this rank holds pieces
   of, read off ``dte_codec``'s Megatron geometry instead of gathering every parameter
@@ -35,7 +35,7 @@ from ..areal_import import areal_module
 from ..megatron import MegatronChanges, attach
 from ..megatron.shards import named_params
 from ..torch_actor import Method
-from .awex_link import Connection, connect
+from .awex_link import Connection, connect, warm_up
 from .compat import MEGATRON_ADAPTER, check_trainer
 
 __all__ = ["DeltaAwexMegatronAdapter", "install"]
@@ -61,6 +61,7 @@ class DeltaAwexMegatronAdapter(getattr(_awex_adapter, MEGATRON_ADAPTER[1])):
         self.delta = read_env(os.environ)
         self.config = ModelConfig.from_hf(engine.hf_config)
         self.sender: GroupSender | None = None
+        self.link: Connection | None = None
         self.changes: MegatronChanges | None = None
         self.last_report: SyncReport | None = None
 
@@ -94,18 +95,22 @@ class DeltaAwexMegatronAdapter(getattr(_awex_adapter, MEGATRON_ADAPTER[1])):
                                  num_engines: int) -> None:
         """Plan against the rollout's shards and join the group (a new trajectory: the
         first version after it is full)."""
-        link: Connection = connect(
+        link = connect(
             config=self.config, pair_name=pair_name, master_addr=master_addr,
             master_port=master_port, transfer_rank=transfer_rank, world_size=world_size,
             kv_store_url=kv_store_url, infer_world_size=infer_world_size,
             train_world_size=train_world_size, num_engines=num_engines)
         self._transfer_rank, self._transfer_plan = transfer_rank, link.awex_plan
-        self._weights_update_group = link.group
+        self._weights_update_group, self.link = link.group, link
         shard = self._shard()
         transfers = plan(shard, list(link.rollout_shards)) if self._sends() else {}
         self.sender = GroupSender(transfers, roles=link.roles, stream_id=link.stream_id,
                                   group=link.group, device=link.device,
                                   anchor_interval=self.delta.weight_update_anchor_interval)
+
+    def batch_isend_irecv(self, **kwargs) -> None:
+        """AReaL's liveness exchange after connecting, on this group (`awex_link.warm_up`)."""
+        warm_up(self.link)
 
     def execute_weight_update(self, version: int) -> None:
         """Deliver ``version``: a delta of this rank's changes when every rank agrees,

@@ -1,7 +1,8 @@
 """AReaL's awex SGLang adapter, applying the trainers' deltas into the live parameters.
 
 `DeltaAwexSGLangAdapter` keeps AReaL's ``AwexSGLangAdapter`` (its weight metas, which
-awex matches against the trainers', its parallelism report) and replaces two steps:
+awex matches against the trainers', its parallelism report) and replaces two steps
+(and ``batch_isend_irecv``, `awex_link.warm_up`):
 
 - ``init_weight_update_group``: awex's plan, this rank's shard in ``dte_codec``'s SGLang
   geometry and the group (`awex_link.connect`), and a ``GroupReceiver``;
@@ -31,7 +32,7 @@ from dte_transport.group import GroupReceiver
 
 from ..areal_import import areal_module
 from ..errors import DeltaSyncError, PayloadRejectedError
-from .awex_link import connect
+from .awex_link import Connection, connect, warm_up
 from .compat import SGLANG_ADAPTER, check_rollout
 
 __all__ = ["DeltaAwexSGLangAdapter", "install"]
@@ -52,6 +53,7 @@ class DeltaAwexSGLangAdapter(getattr(_awex_adapter, SGLANG_ADAPTER[1])):
     def __init__(self, scheduler: Any):
         super().__init__(scheduler)
         self.receiver: GroupReceiver | None = None
+        self.link: Connection | None = None
         self.shard = None
 
     def init_weight_update_group(self, pair_name: str, master_addr: str, master_port: int,
@@ -67,9 +69,13 @@ class DeltaAwexSGLangAdapter(getattr(_awex_adapter, SGLANG_ADAPTER[1])):
             infer_world_size=infer_world_size, train_world_size=train_world_size,
             num_engines=num_engines)
         self._transfer_rank, self._transfer_plan = transfer_rank, link.awex_plan
-        self._weights_update_group = link.group
+        self._weights_update_group, self.link = link.group, link
         self.shard = link.rollout_shards[transfer_rank]
         self.receiver = GroupReceiver({}, roles=link.roles, group=link.group, device=link.device)
+
+    def batch_isend_irecv(self, **kwargs) -> None:
+        """AReaL's liveness exchange after connecting, on this group (`awex_link.warm_up`)."""
+        warm_up(self.link)
 
     def execute_weight_update(self, version: int) -> None:
         """Take part in ``version``'s sync, then flush SGLang's cache.

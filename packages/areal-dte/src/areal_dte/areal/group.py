@@ -48,7 +48,9 @@ def _rank_map(rank: int, world_size: int) -> dict[int, int]:
     group up here, and ``get_global_rank`` (point-to-point peers) by the inverse. The
     default group is another world (Megatron's or SGLang's), so AReaL's identity map
     gives a process its default rank, not its transfer rank. This maps the default rank
-    to the transfer rank and gives every other member a key no default rank has.
+    to the transfer rank and gives every other member a key no default rank has; code
+    that names peers by transfer rank as global ranks (AReaL's ``setup_batch_isend_irecv``,
+    awex's send and receive ops) does not run on this group.
     """
     me = dist.get_rank() if dist.is_initialized() else rank
     spare = max(me, world_size) + 1
