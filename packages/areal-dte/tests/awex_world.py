@@ -49,7 +49,7 @@ class Case:
     rollout_tp: int
     engines: int
     method: DeltaMethod
-    versions: int = 13
+    versions: int = 16
     anchor: int = 4
     veto: int = 4
     """The version whose delta rollout rank 0 vetoes at the agreement (it claims to hold
@@ -57,7 +57,11 @@ class Case:
     corrupt: int = 6
     """The version whose delta reaches the rollout with one byte flipped (refused at the
     vote, after the exchange)."""
-    restart: int = 12
+    replaced: int = 8
+    """The version for which rollout rank 0's live model holds a param of another shape
+    (as if SGLang had rebuilt a layer): it refuses, every rank keeps its version, and the
+    trainers' next version is full."""
+    restart: int = 15
     """Before this version rollout rank 0 restarts empty and every rank reconnects."""
     busy: int = 7
     """The version after which the last rollout rank's scheduler is not idle: its cache
@@ -254,6 +258,7 @@ def run_rollout(rank: int, case: Case, store: str, folder: str) -> None:
     masters, ref_params, ref_opt = _reference(case.config)
     log = []
     for version in range(1, case.versions + 1):
+        previous = {n: p.detach().clone() for n, p in zip(masters, ref_params)}
         for param, grad in zip(ref_params, canonical_grads(masters, version).values()):
             param.grad = grad
         ref_opt.step()
@@ -267,15 +272,30 @@ def run_rollout(rank: int, case: Case, store: str, folder: str) -> None:
                 adapter = DeltaAwexSGLangAdapter(scheduler)
             _connect(adapter, case, folder, PAIRS[1], rank)
         before = len(flushes)
+        replaced = _replace_a_param(model) if (version, rank) == (case.replaced, 0) else None
         try:
             adapter.execute_weight_update(version)
             outcome = "applied"
         except Exception as exc:  # noqa: BLE001 - the log is what the test reads
             outcome = f"{type(exc).__name__}: {exc}"
+        if replaced is not None:
+            replaced()
         canonical = {n: p.detach() for n, p in zip(masters, ref_params)}
+        held, which = (previous, " (the version before)") if (
+            outcome.startswith("PayloadRejectedError")) else (canonical, "")
         log.append(f"v{version} {outcome}, flushed {len(flushes) - before}, "
-                   f"{_differences(model, shard, canonical)}")
+                   f"{_differences(model, shard, held)}{which}")
     _finish(folder, f"infer{rank}", log)
+
+
+def _replace_a_param(model: torch.nn.Module):
+    """Give the model's first param another shape; returns what puts it back."""
+    name, param = next(iter(model.named_parameters()))
+    path, _, leaf = name.rpartition(".")
+    owner = model.get_submodule(path)
+    owner.register_parameter(leaf, torch.nn.Parameter(param.data[:1].clone(),
+                                                       requires_grad=False))
+    return lambda: owner.register_parameter(leaf, param)
 
 
 def _differences(model: torch.nn.Module, shard, canonical) -> str:

@@ -5,12 +5,13 @@ its ``fetch_kv_metadata`` and serialization, awex 0.7.0's ``TransferPlanBuilder`
 stands in, and why, is in ``awex_world``'s docstring (Megatron's optimizer: CUDA-only;
 SGLang's scheduler: no sglang in AReaL's environment).
 
-Each case runs 13 versions of AdamW steps from a megatron-core GPTModel at TP2 to SGLang
+Each case runs 16 versions of AdamW steps from a megatron-core GPTModel at TP2 to SGLang
 layouts, with a delta vetoed by a rollout rank that holds another base (version 4), a
-delta whose payload is refused after the exchange (version 6), an anchor (after 4
-deltas) and a rollout rank that restarts empty and reconnects (version 12); after every
-version every rollout rank compares every element, as bits, with a full sync of that
-version.
+delta whose payload is refused after the exchange (version 6), a rollout rank whose live
+params no longer fit its shard (version 8: no rank writes, the next version is full), an
+anchor (after 4 deltas) and a rollout rank that restarts empty and reconnects (version
+15); after every version every rollout rank compares every element, as bits, with a full
+sync of that version (of the one before, where it refused).
 """
 
 import json
@@ -34,12 +35,18 @@ ADMIN = {"Authorization": "Bearer areal-admin-key"}
 TRAINER_LOG = [
     "v1 full no_base", "v2 delta delta", "v3 delta delta", "v4 full base_mismatch",
     "v5 delta delta", "v6 full delta_rejected: bad_payload", "v7 delta delta",
-    "v8 delta delta", "v9 delta delta", "v10 delta delta", "v11 anchor anchor_due",
-    "v12 full no_base", "v13 delta delta",
+    "v8 SyncError: version 8 was not delivered: full sync rejected by a rollout rank "
+    "(bad_payload); the next sync is full",
+    "v9 full no_base", "v10 delta delta", "v11 delta delta", "v12 delta delta",
+    "v13 delta delta", "v14 anchor anchor_due", "v15 full no_base", "v16 delta delta",
 ]
 """What every trainer rank reports per version: the veto at the agreement (v4), the
-delta refused at the vote and sent again in full (v6), the anchor after four deltas,
-the full sync after the reconnect."""
+delta refused at the vote and sent again in full (v6), a version no rollout could take
+(v8: a rank's live params no longer fit) and the full sync after it, the anchor after
+four deltas, the full sync after the reconnect."""
+REFUSED = ("v8 PayloadRejectedError: payload rejected (bad_payload): {}; holding version {}, "
+           "flushed 0, bitwise equal to a full sync (the version before)")
+"""Every rollout rank's v8: refused, written nothing, still the bits of v7."""
 
 
 def _free_port() -> int:
@@ -119,10 +126,13 @@ def test_every_rollout_rank_equals_a_full_sync_every_version(case, tmp_path):
         assert TRAINER_LOG == (tmp_path / f"train{t}.log").read_text().splitlines()
     applied = [f"v{v} applied, flushed 1, bitwise equal to a full sync"
                for v in range(1, case.versions + 1)]
-    busy = list(applied)
-    busy[case.busy - 1] = (f"v{case.busy} DeltaSyncError: KV cache flush after the update: "
-                           "expected an idle scheduler, got requests still held, flushed 1, "
-                           "bitwise equal to a full sync")
     for r in range(case.rollouts):
-        expected = busy if r == case.rollouts - 1 else applied
+        expected = list(applied)
+        expected[case.replaced - 1] = REFUSED.format(
+            "name: expected a tensor of the receiver, got 'model.embed_tokens.weight'", None
+        ) if r == 0 else REFUSED.format("another rollout rank rejected this version", 7)
+        if r == case.rollouts - 1:
+            expected[case.busy - 1] = (
+                f"v{case.busy} DeltaSyncError: KV cache flush after the update: expected an "
+                "idle scheduler, got requests still held, flushed 1, bitwise equal to a full sync")
         assert expected == (tmp_path / f"infer{r}.log").read_text().splitlines()
