@@ -12,7 +12,7 @@ from pathlib import Path
 
 import areal_example as example
 import pytest
-from areal_dte.areal_job import DELTA_ACTOR
+from areal_dte.areal.areal_job import DELTA_ACTOR
 from areal_dte.errors import AReaLImportError
 from gsm8k_separation.cluster import REWARD, WORKFLOW, prepare_cluster, run_cluster
 from gsm8k_separation.model import tokenizer_dir
@@ -128,16 +128,17 @@ def test_dry_run_with_another_areal_is_refused_in_one_line(areal, tmp_path, caps
                                                           monkeypatch):
     """An AReaL other than 1.0.4 under the delta path: exit 2, one line naming the installed
     version and the fix, before anything starts."""
-    import areal as areal_package
+    from areal_dte.areal import compat
     from gsm8k_separation.cli import main
 
-    monkeypatch.setattr(areal_package, "__version__", "1.0.5")
+    monkeypatch.setattr(compat, "version", lambda distribution: "1.0.5")
     roots = [f"cluster.fileroot={tmp_path}", f"cluster.name_resolve.nfs_record_root={tmp_path}"]
     assert 2 == main(["--config", str(example.EXAMPLE), "scheduler.type=slurm", *roots])
-    assert ("error: areal 1.0.5: areal.__version__: expected 1.0.4 as in AReaL 1.0.4, but the "
-            "installed AReaL is 1.0.5; cluster mode's delta path needs areal==1.0.4 (see "
-            "packages/areal-dte/README.md); fix: install areal==1.0.4 in this environment, or "
-            "set actor.enable_delta_weight_update=false") == capsys.readouterr().err.strip()
+    assert ("error: areal version 1.0.5: areal version: expected 1.0.4, got 1.0.5; cluster "
+            "mode installs itself into these exact versions (packages/areal-dte/README.md); "
+            "fix: install the cluster image's versions (packages/areal-dte/README.md) in this "
+            "environment, or set actor.enable_delta_weight_update=false"
+            ) == capsys.readouterr().err.strip()
 
 
 def _parts(loaded):

@@ -175,11 +175,11 @@ def _cluster(profile: Any, *, dry_run: bool) -> int:
                          problem="a cluster config runs through AReaL's scheduler",
                          fix="set scheduler.type=local, slurm or ray (with the areal extra: "
                              "uv run --extra areal ...)")
-    from areal_dte.errors import PINNED_AREAL, AReaLCompatError, AReaLImportError  # noqa: PLC0415
+    from areal_dte.errors import AReaLImportError, IncompatibleStackError  # noqa: PLC0415
 
     try:
         if dry_run:
-            from areal_dte.areal_job import plan_cluster  # noqa: PLC0415 - needs AReaL
+            from areal_dte.areal.areal_job import plan_cluster  # noqa: PLC0415 - needs AReaL
 
             plan = plan_cluster(profile.tree, profile.run)
         else:
@@ -192,9 +192,10 @@ def _cluster(profile: Any, *, dry_run: bool) -> int:
                          fix="run it in AReaL's environment: UV_PROJECT_ENVIRONMENT="
                              "/tmp/dte-areal-venv uv run --extra areal apps/gsm8k_separation "
                              "...") from exc
-    except AReaLCompatError as exc:
-        raise InputError(name=f"areal {exc.installed}", problem=str(exc),
-                         fix=f"install areal=={PINNED_AREAL} in this environment, or set "
+    except IncompatibleStackError as exc:
+        raise InputError(name=f"{exc.what} {exc.got}", problem=str(exc),
+                         fix="install the cluster image's versions (packages/areal-dte/"
+                             "README.md) in this environment, or set "
                              "actor.enable_delta_weight_update=false") from exc
     for line in plan.describe():
         tqdm.write(line)

@@ -19,7 +19,7 @@ from typing import Any
 
 import attrs
 from areal_dte.areal_import import areal_module
-from areal_dte.areal_job import ClusterPlan, plan_cluster
+from areal_dte.areal.areal_job import ClusterPlan, plan_cluster
 from dte_config import RunConfig
 
 WORKFLOW = "areal.workflow.rlvr.RLVRWorkflow"
@@ -80,7 +80,7 @@ def run_cluster(job: ClusterJob) -> None:
         AReaLImportError: AReaL's trainer, or (delta path on) its Megatron engine, cannot
             be imported.
     """
-    from areal_dte.areal_trainer import DeltaPPOTrainer  # imports AReaL's trainer
+    from areal_dte.areal.areal_trainer import DeltaPPOTrainer  # imports AReaL's trainer
 
     with DeltaPPOTrainer(job.plan, train_dataset=job.train_dataset,
                          valid_dataset=job.valid_dataset) as trainer:

@@ -11,8 +11,16 @@ import logging
 
 import areal_example as example
 import pytest
-from areal_dte.areal_job import AREAL_ACTOR, DELTA_ACTOR, experiment_config, plan_cluster
-from areal_dte.errors import AReaLCompatError, AReaLImportError, ClusterModeError
+from areal_dte.areal import compat
+from areal_dte.areal.areal_job import (
+    AREAL_ACTOR,
+    DELTA_ACTOR,
+    SGLANG_EXTENSION,
+    SGLANG_EXTENSION_VAR,
+    experiment_config,
+    plan_cluster,
+)
+from areal_dte.errors import AReaLImportError, ClusterModeError, IncompatibleStackError
 from dte_config import ConfigValidationError, DeltaMethod, read_env
 from dte_config.env import env_variables
 
@@ -64,6 +72,18 @@ def test_delta_settings_reach_every_worker_spec(load):
     assert [expected] * len(specs) == [_dte(spec.env_vars) for spec in specs]
     assert [loaded.config.delta] * len(specs) == [read_env(_dte(s.env_vars)) for s in specs]
     assert "7" == expected["DTE_ANCHOR_INTERVAL"]
+
+
+def test_rollout_specs_name_the_sglang_extension(load):
+    """With the path on, every rollout spec (and no actor spec) makes SGLang import the
+    package that installs the delta SGLang adapter; with it off, none does."""
+    on = plan_cluster(*_parts(load(*ON))).config
+    off = plan_cluster(*_parts(load(*OFF))).config
+    assert [SGLANG_EXTENSION] * len(on.rollout.scheduling_spec) == [
+        spec.env_vars[SGLANG_EXTENSION_VAR] for spec in on.rollout.scheduling_spec]
+    specs = [*on.actor.scheduling_spec, *off.actor.scheduling_spec,
+             *off.rollout.scheduling_spec]
+    assert [None] * len(specs) == [(s.env_vars or {}).get(SGLANG_EXTENSION_VAR) for s in specs]
 
 
 def test_delta_on_selects_areal_dte_engine(load):
@@ -167,14 +187,12 @@ def test_seed_config_as_shipped_is_planned_with_adamw(load, caplog):
 def test_other_areal_release_is_refused_before_any_worker(areal, load, monkeypatch):
     """With the delta path on, the plan checks the AReaL names the v2 controller wraps
     against the pinned release; with it off, AReaL's own path needs no such check."""
-    import areal as areal_package
-
-    monkeypatch.setattr(areal_package, "__version__", "1.0.5")
-    with pytest.raises(AReaLCompatError) as caught:
+    monkeypatch.setattr(compat, "version", lambda distribution: "1.0.5")
+    with pytest.raises(IncompatibleStackError) as caught:
         plan_cluster(*_parts(load()))
     plan = plan_cluster(*_parts(load(*OFF)))
-    assert ("areal.__version__", "1.0.4", "1.0.5", AREAL_ACTOR, []) == (
-        caught.value.name, caught.value.expected, caught.value.installed, plan.actor_engine,
+    assert ("areal version", "1.0.4", "1.0.5", AREAL_ACTOR, []) == (
+        caught.value.what, caught.value.expected, caught.value.got, plan.actor_engine,
         example.started_processes())
 
 

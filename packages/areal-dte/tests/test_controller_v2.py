@@ -3,7 +3,7 @@
 Real, as AReaL 1.0.4 ships them and over real sockets on localhost: AReaL's v2 PPO actor
 controller (under `DeltaActorControllerV2`), its ``WeightUpdateController`` starting AReaL's
 weight-update gateway as a subprocess (FastAPI under uvicorn, started from
-`areal_dte.weight_gateway`, posting to the workers with aiohttp), AReaL's
+`areal_dte.areal.weight_gateway`, posting to the workers with aiohttp), AReaL's
 ``RolloutControllerV2`` pausing and resuming generation through its data-proxy client, and
 AReaL's request to a train worker's ``/configure`` route.
 
@@ -28,8 +28,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from areal_dte.errors import AReaLCompatError, WeightUpdateRefusedError
-from areal_dte.full_sync_request import FullSyncRequests
+from areal_dte.areal import compat
+from areal_dte.errors import IncompatibleStackError, WeightUpdateRefusedError
+from areal_dte.areal.full_sync_request import FullSyncRequests
 
 pytestmark = pytest.mark.areal
 
@@ -122,7 +123,7 @@ def trainer_log(areal, tmp_path):
     """A function: -> the trainer's log file, as PPOTrainer sets it up (AReaL's
     setup_file_logging, once per process; a file set up earlier in the process is kept)."""
     from areal.utils.logging import setup_file_logging
-    from areal_dte import controller_v2
+    from areal_dte.areal import controller_v2
 
     setup_file_logging(str(tmp_path / "logs"))
     (path,) = {h.baseFilename for h in controller_v2.log.handlers
@@ -136,7 +137,7 @@ def connected(areal, tmp_path_factory) -> Iterator:
     from areal.api.cli_args import InferenceEngineConfig, PPOActorConfig
     from areal.api.io_struct import WeightUpdateMeta
     from areal.experimental.inference_service.controller.controller import RolloutControllerV2
-    from areal_dte.controller_v2 import DeltaActorControllerV2
+    from areal_dte.areal.controller_v2 import DeltaActorControllerV2
 
     with Workers() as workers:
         actor = DeltaActorControllerV2(
@@ -228,15 +229,13 @@ def test_accepted_version_asks_once(connect):
 def test_other_areal_release_is_refused_at_construction(areal, monkeypatch):
     """The private names wrapped are AReaL 1.0.4's: another release fails when the
     controller is built, naming what it expected."""
-    import areal as areal_package
-    from areal_dte.controller_v2 import check_controller
+    from areal_dte.areal.controller_v2 import check_controller
 
-    monkeypatch.setattr(areal_package, "__version__", "1.0.5")
-    with pytest.raises(AReaLCompatError) as caught:
+    monkeypatch.setattr(compat, "version", lambda distribution: "1.0.5")
+    with pytest.raises(IncompatibleStackError) as caught:
         check_controller()
-    assert ("areal.__version__: expected 1.0.4 as in AReaL 1.0.4, but the installed AReaL is "
-            "1.0.5; cluster mode's delta path needs areal==1.0.4 (see "
-            "packages/areal-dte/README.md)") == str(caught.value)
+    assert ("areal version: expected 1.0.4, got 1.0.5; cluster mode installs itself into "
+            "these exact versions (packages/areal-dte/README.md)") == str(caught.value)
 
 
 def test_gateway_that_posts_otherwise_is_refused(areal):
@@ -244,7 +243,7 @@ def test_gateway_that_posts_otherwise_is_refused(areal):
     gateway whose transfer closure does not is refused before anything is replaced."""
     import types
 
-    from areal_dte.weight_gateway import keep_refusals
+    from areal_dte.areal.weight_gateway import keep_refusals
 
     def create_app():
         async def _awex_transfer_weights(session, url):
@@ -253,8 +252,8 @@ def test_gateway_that_posts_otherwise_is_refused(areal):
 
     gateway = types.ModuleType("gateway")
     gateway.create_app, gateway._post = create_app, None
-    with pytest.raises(AReaLCompatError) as caught:
+    with pytest.raises(IncompatibleStackError) as caught:
         keep_refusals(gateway)
     assert ("areal.experimental.weight_update.gateway.app.create_app._awex_transfer_weights",
-            "code that uses _post", None) == (caught.value.name, caught.value.expected,
+            "code that uses _post", None) == (caught.value.what, caught.value.expected,
                                                gateway._post)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from areal_dte.full_sync_request import FullSyncRequest, FullSyncRequests
+from areal_dte.areal.full_sync_request import FullSyncRequest, FullSyncRequests
 
 
 def test_full_sync_request_is_taken_once_for_its_version():

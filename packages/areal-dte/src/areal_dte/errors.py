@@ -127,15 +127,18 @@ class WorkerAnswerError(ArealDteError, RuntimeError):
         super().__init__(f"{url} answered {status}: {text}")
 
 
-PINNED_AREAL = "1.0.4"
-"""The AReaL release whose private names the cluster mode wraps, checked at startup."""
+class IncompatibleStackError(ArealDteError, RuntimeError):
+    """The installed AReaL/awex/SGLang/megatron-core/torch differ from what cluster mode
+    hooks into (``what``: a distribution's version or a private name it relies on)."""
+
+    def __init__(self, what: str, *, expected: object, got: object):
+        self.what, self.expected, self.got = what, expected, got
+        super().__init__(f"{what}: expected {expected}, got {got}; cluster mode installs "
+                         "itself into these exact versions (packages/areal-dte/README.md)")
+
+    def __reduce__(self):
+        return _rebuild_stack_error, (self.what, self.expected, self.got)
 
 
-class AReaLCompatError(ArealDteError, RuntimeError):
-    """An AReaL name that cluster mode wraps is not what the pinned AReaL version has."""
-
-    def __init__(self, name: str, *, expected: str, installed: str):
-        self.name, self.expected, self.installed = name, expected, installed
-        super().__init__(f"{name}: expected {expected} as in AReaL {PINNED_AREAL}, but the "
-                         f"installed AReaL is {installed}; cluster mode's delta path needs "
-                         f"areal=={PINNED_AREAL} (see packages/areal-dte/README.md)")
+def _rebuild_stack_error(what: str, expected: object, got: object) -> IncompatibleStackError:
+    return IncompatibleStackError(what, expected=expected, got=got)

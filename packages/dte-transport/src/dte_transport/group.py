@@ -162,8 +162,12 @@ class GroupSender:
         return self._report(weights, version, decision, sent, None, timer.ms)
 
     def _send_windows(self, weights, version: int, timer: Timer) -> int:
-        """Every window of the full version to every rollout rank, round by round; the
-        bytes sent."""
+        """Every window of the full version to every rollout rank, round by round, each
+        round voted on before any rank writes it; the bytes sent.
+
+        Raises:
+            LinkError: a rollout rank refused a window (every rank stops there).
+        """
         pending = {rank: windows(self.plan, weights, rank, self.window_bytes)
                    for rank in self.roles.rollouts}
         (rounds,) = all_reduce_max([max(map(len, pending.values()), default=0)], self.group,
@@ -176,6 +180,10 @@ class GroupSender:
             sent += sum(f.nbytes for f in outgoing.values())
             with timer.phase("send"):
                 exchange(outgoing, group=self.group, device=self.device, coalesce=self.coalesce)
+                rejection, detail = vote(None, "", self.group, self.device)
+            if rejection is not None:
+                raise LinkError(f"full sync rejected by a rollout rank ({rejection.value}): "
+                                f"{detail}")
         return sent
 
     def _window(self, weights, pieces: Sequence[tuple[str, Transfer]], version: int) -> Frame:
@@ -288,37 +296,45 @@ class GroupReceiver:
         return Ack(accepted=True, version=self.version)
 
     def _full(self) -> Ack:
-        """Every window as it comes, then coverage, then the vote (``windows``)."""
+        """Every window as it comes: checked, voted on by every rollout rank, then
+        written; then coverage and a last vote (``windows``). A version that fits one
+        window is all or nothing on every rank; a larger one that a rank refuses leaves
+        the windows before it written, and every rank without a version."""
         (rounds,) = all_reduce_max([0], self.group, self.device)
         rejection, detail, header = None, "", None
         regions: dict[str, list] = defaultdict(list)
         for _ in range(rounds):
             inbox = exchange({}, group=self.group, device=self.device, coalesce=self.coalesce)
-            if rejection is not None or not inbox:
-                continue  # keep walking the rounds with the others (after a refusal,
-                # writing nothing more; this rank's windows may be fewer than others')
+            prepared, payloads = None, []
             try:
                 payloads = [decode(frame, device=self.device) for frame in inbox.values()]
                 for payload in payloads:
                     self._check(payload.header, full=True)
                     header = header or payload.header
                     self._same_version(header, payload.header)
-                prepared = prepare_window(self.weights, payloads)
-                # from the first write on, the version held before is gone, whatever
-                # happens next (a refusal, a failed collective)
-                self.version = self.stream_id = None
-                prepared.write()
-                for payload in payloads:
-                    for entry, where in zip(payload.header.entries, payload.indices):
-                        regions[entry.name].append(where)
+                prepared = prepare_window(self.weights, payloads) if payloads else None
             except _Refused as exc:
                 rejection, detail = exc.rejection, str(exc)
-            except ApplyError as exc:
-                rejection, detail = Rejection.APPLY_FAILED, str(exc)
             except MismatchError as exc:
                 rejection, detail = Rejection.MISMATCH, str(exc)
             except CodecError as exc:
                 rejection, detail = Rejection.BAD_PAYLOAD, str(exc)
+            refused = self._refused(rejection, detail, header)
+            if refused is not None:
+                return refused
+            if prepared is None:
+                continue  # this rank's windows may be fewer than others'
+            # from the first write on, the version held before is gone, whatever happens
+            # next (a refusal of a later window, a failed collective)
+            self.version = self.stream_id = None
+            try:
+                prepared.write()
+            except ApplyError as exc:  # the next vote (a window's or the last) carries it
+                rejection, detail = Rejection.APPLY_FAILED, str(exc)
+                continue
+            for payload in payloads:
+                for entry, where in zip(payload.header.entries, payload.indices):
+                    regions[entry.name].append(where)
         if rejection is None:
             try:
                 check_covered(self.weights, regions, held=self.held)

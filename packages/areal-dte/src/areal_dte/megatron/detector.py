@@ -135,8 +135,10 @@ class MegatronChanges:
 
     @torch.no_grad()
     def _compare_and_copy(self, shards: Sequence[MainShard]) -> None:
+        # flat, as the model range: the non-distributed optimizer's masters keep the param's
+        # shape (the distributed one's shards are flat already)
         self._cast.record_and_copy_all(
-            {shard.name: (shard.main.detach(), shard.model) for shard in shards})
+            {shard.name: (shard.main.detach().view(-1), shard.model) for shard in shards})
 
     def _needs_full(self, reason: str) -> None:
         if self._reason is None:

@@ -58,16 +58,22 @@ def inner_optimizers(optimizer: object) -> list[object]:
     return list(getattr(optimizer, "chained_optimizers", None) or [optimizer])
 
 
-def param_names(model: torch.nn.Module | Sequence[torch.nn.Module]) -> dict[int, str]:
-    """``id(param) -> name`` over the model chunks, ``module.`` prefixes stripped."""
+def named_params(model: torch.nn.Module | Sequence[torch.nn.Module]
+                 ) -> dict[str, torch.nn.Parameter]:
+    """Every param of the model chunks by name, ``module.`` prefixes stripped."""
     chunks = [model] if isinstance(model, torch.nn.Module) else list(model)
-    names = {}
+    named = {}
     for chunk in chunks:
         for name, param in chunk.named_parameters():
             while name.startswith("module."):
                 name = name[len("module."):]
-            names[id(param)] = name
-    return names
+            named[name] = param
+    return named
+
+
+def param_names(model: torch.nn.Module | Sequence[torch.nn.Module]) -> dict[int, str]:
+    """``id(param) -> name`` over the model chunks, ``module.`` prefixes stripped."""
+    return {id(param): name for name, param in named_params(model).items()}
 
 
 def main_shards(inner: object, names: dict[int, str]) -> Iterator[MainShard]:

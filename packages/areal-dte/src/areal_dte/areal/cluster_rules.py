@@ -29,7 +29,7 @@ from dte_config import DeltaConfig, DeltaMethod
 from dte_config.delta import ACTOR, DIAGNOSTICS, setting_values
 from dte_config.rl import lookup
 
-from .errors import ClusterModeError
+from ..errors import ClusterModeError
 
 __all__ = ["V2", "check_areal", "check_delta"]
 

@@ -11,7 +11,7 @@ ask once and turn a status >= 400 into `WorkerAnswerError` carrying the body; th
 reports it as the update's ``error`` (HTTP 200, ``status: "error"``). Every other request
 keeps AReaL's ``_post``.
 
-Run as ``python -m areal_dte.weight_gateway`` with the arguments of AReaL's gateway
+Run as ``python -m areal_dte.areal.weight_gateway`` with the arguments of AReaL's gateway
 (`controller_v2.DeltaWeightUpdateController` starts it so).
 """
 
@@ -20,9 +20,9 @@ from __future__ import annotations
 import types
 from typing import Any
 
-from .areal_import import areal_module
-from .areal_names import check_uses, nested_code
-from .errors import WorkerAnswerError
+from ..areal_import import areal_module
+from .compat import check_uses, nested_code
+from ..errors import WorkerAnswerError
 
 __all__ = ["GATEWAY_APP", "UPDATE_PATH", "check_gateway", "keep_refusals"]
 
@@ -38,7 +38,7 @@ def check_gateway(app: types.ModuleType) -> None:
     """Check that AReaL's gateway posts weight updates through ``app._post`` as 1.0.4 does.
 
     Raises:
-        AReaLCompatError: another AReaL release, or one whose gateway posts otherwise.
+        IncompatibleStackError: another AReaL release, or one whose gateway posts otherwise.
     """
     check_uses(f"{GATEWAY_APP}.create_app.{_TRANSFER}",
                nested_code(app.create_app.__code__, _TRANSFER), ["_post"])
@@ -48,7 +48,7 @@ def keep_refusals(app: types.ModuleType) -> None:
     """Replace ``app._post`` so a weight update is asked once and its refusal text kept.
 
     Raises:
-        AReaLCompatError: `check_gateway` fails.
+        IncompatibleStackError: `check_gateway` fails.
     """
     check_gateway(app)
     aiohttp = areal_module("aiohttp")

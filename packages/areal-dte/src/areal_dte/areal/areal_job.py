@@ -11,7 +11,10 @@ before any worker starts:
 - the scheduler of ``scheduler.type`` (`build_scheduler`), as AReaL's trainer builds it;
 - AReaL's parse of both allocations (``actor.backend``, ``rollout.backend``);
 - the import path of the actor's engine class (`actor_engine`): areal-dte's Megatron
-  actor with the delta path on, AReaL's own with it off.
+  actor with the delta path on, AReaL's own with it off;
+- with the delta path on, SGLang's external-model package in the rollout specs
+  (`SGLANG_EXTENSION`), through which every rollout process installs the delta SGLang
+  adapter.
 
 With the delta path on, `cluster_rules` rejects what cluster mode cannot run.
 """
@@ -23,13 +26,15 @@ from dte_config import DeltaConfig, RunConfig, export_env
 from dte_config.load import LoadedConfig
 from omegaconf import DictConfig, OmegaConf
 
-from .areal_import import areal_module
+from ..areal_import import areal_module
+from ..errors import ClusterModeError
 from .cluster_rules import check_areal
-from .errors import ClusterModeError
 
 __all__ = [
     "AREAL_ACTOR",
     "DELTA_ACTOR",
+    "SGLANG_EXTENSION",
+    "SGLANG_EXTENSION_VAR",
     "ClusterPlan",
     "actor_engine",
     "build_scheduler",
@@ -39,8 +44,12 @@ __all__ = [
 
 AREAL_ACTOR = "areal.engine.megatron_engine.MegatronPPOActor"
 """AReaL's Megatron PPO actor: its full-weight update runs unchanged."""
-DELTA_ACTOR = "areal_dte.megatron_actor.DeltaMegatronPPOActor"
+DELTA_ACTOR = "areal_dte.areal.megatron_actor.DeltaMegatronPPOActor"
 """AReaL's actor with the delta path; train workers import it by this path."""
+SGLANG_EXTENSION_VAR = "SGLANG_EXTERNAL_MODEL_PACKAGE"
+SGLANG_EXTENSION = "areal_dte.areal.sglang_ext"
+"""The package SGLang imports in every rollout process (``SGLANG_EXTENSION_VAR`` in the
+rollout specs' ``env_vars``): it installs the delta SGLang adapter (`sglang_ext`)."""
 SCHEDULERS = {"local": "LocalScheduler", "slurm": "SlurmScheduler", "ray": "RayScheduler"}
 """``scheduler.type`` -> AReaL's scheduler class in ``areal.infra``."""
 
@@ -65,6 +74,8 @@ def experiment_config(tree: DictConfig, run: RunConfig):
     if run.delta.enable_delta_weight_update:
         # Only the workers read them, from their specs: the controller's environment stays.
         export_env(run.delta, environ={}, tree=config)
+        for spec in config.rollout.scheduling_spec:
+            spec.env_vars = {**(spec.env_vars or {}), SGLANG_EXTENSION_VAR: SGLANG_EXTENSION}
     return config
 
 
@@ -134,13 +145,13 @@ def plan_cluster(tree: DictConfig, run: RunConfig) -> ClusterPlan:
         AReaLImportError: AReaL is not installed.
         ClusterModeError: a setting cluster mode cannot run (`cluster_rules`), or an
             unknown ``scheduler.type``.
-        AReaLCompatError: with the delta path on, an AReaL other than the pinned release
+        IncompatibleStackError: with the delta path on, an AReaL other than the pinned release
             (`controller_v2.check_controller`).
     """
     config = experiment_config(tree, run)
     check_areal(config, run.delta)
     if run.delta.enable_delta_weight_update:  # the controller's AReaL names, before any worker
-        areal_module("areal_dte.controller_v2").check_controller()
+        areal_module("areal_dte.areal.controller_v2").check_controller()
     allocation = areal_module("areal.api.alloc_mode").ModelAllocation
     return ClusterPlan(
         config=config,

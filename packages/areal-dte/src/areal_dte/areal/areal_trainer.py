@@ -14,7 +14,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from .areal_import import areal_module
+from ..areal_import import areal_module
 from .areal_job import ClusterPlan
 from .controller_v2 import DeltaActorControllerV2
 

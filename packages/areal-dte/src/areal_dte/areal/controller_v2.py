@@ -27,9 +27,9 @@ import subprocess
 import sys
 from typing import Any
 
-from .areal_import import areal_module
-from .areal_names import check_uses
-from .errors import WeightUpdateRefusedError
+from ..areal_import import areal_module
+from .compat import check_uses
+from ..errors import WeightUpdateRefusedError
 from .weight_gateway import GATEWAY_APP, check_gateway
 
 __all__ = ["DeltaActorControllerV2", "DeltaWeightUpdateController", "check_controller"]
@@ -42,7 +42,7 @@ _train_ctrl = areal_module("areal.experimental.training_service.controller.contr
 _update_ctrl = areal_module("areal.experimental.weight_update.controller.controller")
 OK = "ok"
 """The gateway's status of a delivered update."""
-GATEWAY = "areal_dte.weight_gateway"
+GATEWAY = "areal_dte.areal.weight_gateway"
 """The module the weight-update gateway runs from (AReaL's gateway, refusal text kept)."""
 GATEWAY_START_S = 300.0
 """How long the gateway may take to answer: it imports AReaL (torch with it), which took
@@ -55,7 +55,7 @@ def check_controller() -> None:
     """Check the AReaL 1.0.4 names the two controllers below and `weight_gateway` rely on.
 
     Raises:
-        AReaLCompatError: another AReaL release, or code that no longer uses them.
+        IncompatibleStackError: another AReaL release, or code that no longer uses them.
     """
     gateway_ctrl = _train_ctrl.GatewayTrainController
     update_ctrl = _update_ctrl.WeightUpdateController
@@ -105,7 +105,7 @@ class DeltaActorControllerV2(_actor.PPOActorControllerV2):
     module docstring); arguments as AReaL's.
 
     Raises:
-        AReaLCompatError: at construction, an AReaL other than the pinned release.
+        IncompatibleStackError: at construction, an AReaL other than the pinned release.
     """
 
     def __init__(self, *args: Any, **kwargs: Any):
