@@ -157,7 +157,7 @@ REFUSALS = [
                  Rejection.WRONG_STREAM, "delta of stream 'other', holding 'run'",
                  id="other-stream"),
     pytest.param(lambda t: _corrupt(t.delta(base=2, version=3)), Rejection.BAD_PAYLOAD,
-                 "digest: expected", id="corrupted"),
+                 "body_digest: expected", id="corrupted"),
     pytest.param(lambda t: t.delta(base=2, version=3)[:-8], Rejection.BAD_PAYLOAD,
                  "payload size: expected", id="truncated"),
 ]
