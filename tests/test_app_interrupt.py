@@ -5,7 +5,6 @@ job on the same ``--out`` is refused."""
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys

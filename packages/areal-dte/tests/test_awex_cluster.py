@@ -16,7 +16,6 @@ sync of that version (of the one before, where it refused).
 
 import json
 import multiprocessing
-import os
 import re
 import socket
 import threading

@@ -27,7 +27,7 @@ reference path, which raises the error it always raised.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import attrs
@@ -35,7 +35,7 @@ import torch
 
 from .bits import BYTE_BITS, bit_length, order_keys_by_width, width_mask
 from .fields import Body, Segments, host_table
-from .header import (DTYPE_CODES, INDEX32_LIMIT, MAX_NAME_BYTES, RESIDUE_DTYPES, Entry, Header,
+from .header import (DTYPE_CODES, MAX_NAME_BYTES, RESIDUE_DTYPES, Entry, Header,
                      IndexEncoding, Kind, ValueEncoding, align, index_itemsize)
 from .indices import MAX_GAP_BYTE, choose_indices
 from .dispatch import fused

@@ -17,7 +17,6 @@ import torch
 import triton
 import triton.language as tl
 
-from .bits import BYTE_BITS
 from .dispatch import on_device
 from .fields import host_table
 from .header import Entry, index_itemsize

@@ -58,7 +58,7 @@ def all_reduce_max(values: list[int], group, device) -> list[int]:
     return tensor.tolist()
 
 
-def agree(vote: list[int], group, device) -> _Decision:
+def agree(vote: list[int], group, device) -> Decision:
     got = all_reduce_max(vote, group, device)
     base_high, base_low = got[Slot.BASE_HIGH], -got[Slot.BASE_LOW_NEG]
     reasons = [(got[Slot.NO_BASE], NO_BASE), (got[Slot.ANCHOR_DUE], ANCHOR_DUE),
