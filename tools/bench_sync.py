@@ -35,8 +35,10 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import gzip
 import json
 import os
+import shutil
 import socket
 import statistics
 import time
@@ -201,30 +203,53 @@ def one_gpu(args: argparse.Namespace) -> dict:
         report, total_ms = timed(device, lambda: trainer.actor.sync(version))
         expected = rollout_expected(config, trainer.shard, shard, trainer.actor.model)
         steps.append(step_row(report, total_ms, same_bits(expected, rollout)))
+    # steady full syncs: the first one above also pays every kernel's first compile
+    fulls = [timed(device, lambda: trainer.actor.sync_full(version, reason="bench"))
+             for version in range(args.steps + 2, args.steps + 5)]
+    expected = rollout_expected(config, trainer.shard, shard, trainer.actor.model)
+    full_bitwise = same_bits(expected, rollout)
+    version = args.steps + 5
     if args.profile and args.out:
         trainer.step()
-        profiled(lambda: trainer.actor.sync(args.steps + 2), device, args.out)
-    dense_bytes = 2 * trainer.numel
-    return summary(args, device, trainer.numel, steps, full_ms=full_ms, dense_ms=dense_ms,
+        profiled(lambda: trainer.actor.sync(version), device, args.out / "profile_delta")
+        profiled(lambda: trainer.actor.sync_full(version + 1, reason="bench"), device,
+                 args.out / "profile_full")
+    results = summary(args, device, trainer.numel, steps, full_ms=full_ms, dense_ms=dense_ms,
                    dense_label="dense copy on one GPU (measured)",
-                   bandwidth=2 * dense_bytes / dense_ms / 1e6, link_gbps=NVLINK_GBPS)
+                   bandwidth=2 * trainer.numel * 2 / dense_ms / 1e6, link_gbps=NVLINK_GBPS)
+    results["steady_full"] = {"ms": [ms for _, ms in fulls],
+                              "phases": [dict(r.ms) for r, _ in fulls],
+                              "median_ms": statistics.median(ms for _, ms in fulls),
+                              "bitwise": full_bitwise}
+    return results
 
 
 def profiled(fn, device: torch.device, out: Path) -> None:
-    """Run ``fn`` under torch.profiler: its ops by self CPU and by device time."""
+    """Run ``fn`` under torch.profiler into the folder ``out``: ops by self CPU and by
+    device time (``profile.txt``, the ``dte.<phase>`` rows are the sync's phases), the same
+    by call site (``stacks.txt``) and a Chrome trace (``trace.json.gz``)."""
     from torch.profiler import ProfilerActivity, profile
 
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda"
                                            else [])
-    with profile(activities=activities, record_shapes=False, with_stack=False) as prof:
+    with profile(activities=activities, record_shapes=False, with_stack=True) as prof:
         fn()
         synchronize(device)
     out.mkdir(parents=True, exist_ok=True)
-    table = prof.key_averages()
     sort = "self_cuda_time_total" if device.type == "cuda" else "self_cpu_time_total"
+    table = prof.key_averages()
     (out / "profile.txt").write_text(
-        table.table(sort_by="self_cpu_time_total", row_limit=40) + "\n\n"
-        + table.table(sort_by=sort, row_limit=40))
+        table.table(sort_by="self_cpu_time_total", row_limit=50) + "\n\n"
+        + table.table(sort_by=sort, row_limit=50))
+    stacks = prof.key_averages(group_by_stack_n=6)
+    (out / "stacks.txt").write_text(
+        stacks.table(sort_by="self_cpu_time_total", row_limit=60) + "\n\n"
+        + stacks.table(sort_by=sort, row_limit=60))
+    trace = out / "trace.json"
+    prof.export_chrome_trace(str(trace))
+    with trace.open("rb") as raw, gzip.open(out / "trace.json.gz", "wb") as packed:
+        shutil.copyfileobj(raw, packed)
+    trace.unlink()
 
 
 def step_row(report, total_ms: float, bitwise: bool) -> dict:
@@ -388,6 +413,8 @@ def main() -> None:
     args = parse()
     results = one_gpu(args) if args.gpus == 1 else spawn_two(args)
     c = results["computed"]
+    full = results.get("steady_full")
+    steady = f", {full['median_ms']:.1f} ms steady (bitwise {full['bitwise']})" if full else ""
     command = f"python3 tools/bench_sync.py --method {args.method} --gpus {args.gpus}" + (
         f" --link {args.link}" if args.gpus == 2 else "") + f" --steps {args.steps}"
     print(f"| {results['date']} | `{results['sha']}` | {results['machine']} | `{command}` | "
@@ -395,7 +422,8 @@ def main() -> None:
           f"{100 * results['changed_median'] / results['params']:.2f} % | "
           f"{results['payload_median_bytes'] / max(results['changed_median'], 1):.2f} B/chg | "
           f"{results['delta_median_ms']:.1f} ms | {results['dense_label']}: "
-          f"{results['dense_ms']:.1f} ms | {results['full_sync_ms']:.0f} ms | "
+          f"{results['dense_ms']:.1f} ms | {results['full_sync_ms']:.0f} ms first"
+          f"{steady} | "
           f"{c['dense_nvlink_ms']:.1f} / {c['delta_nvlink_wire_ms']:.2f} ms | "
           f"{c['dense_network_ms']:.0f} / {c['delta_network_wire_ms']:.1f} ms | "
           f"{results['floor_ms']:.1f} ms | "

@@ -8,6 +8,7 @@ import time
 from collections.abc import Iterator
 
 import attrs
+import torch
 
 
 class SyncKind(enum.Enum):
@@ -27,8 +28,9 @@ class Timer:
     @contextlib.contextmanager
     def phase(self, name: str) -> Iterator[None]:
         start = time.perf_counter()
-        try:
-            yield
+        try:  # a named range in torch.profiler's tables and traces; ~1 us when not profiling
+            with torch.profiler.record_function(f"dte.{name}"):
+                yield
         finally:
             self.ms[name] = self.ms.get(name, 0.0) + (time.perf_counter() - start) * 1e3
 
