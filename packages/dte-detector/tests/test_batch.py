@@ -48,3 +48,19 @@ def test_keys_alignment_and_the_size_budget_split_groups(monkeypatch):
     groups = batch.plan([*aligned, *unaligned], ["a", "b", "a", "a", "a"], tile_elements=1024)
     assert [((0, 2), "a", True), ((3,), "a", True), ((1,), "b", True), ((4,), "a", False)] == [
         (g.members, g.key, g.aligned) for g in groups]
+
+
+def test_a_repeated_plan_reuses_its_device_tables_with_the_new_keys():
+    """The same addresses, sizes and key pattern give the same tables (nothing rebuilt or
+    copied), each group carrying the keys of this call; another layout gets its own."""
+    members = _members(1000, 3000, 5)
+    first = batch.plan(members, ["a", "b", "a"], tile_elements=1024)
+    again = batch.plan(members, ["c", "d", "c"], tile_elements=1024)
+    assert [((0, 2), "a"), ((1,), "b")] == [(g.members, g.key) for g in first]
+    assert [((0, 2), "c"), ((1,), "d")] == [(g.members, g.key) for g in again]
+    assert all(a.starts is b.starts and a.offsets is b.offsets for a, b in zip(first, again))
+    merged = batch.plan(members, ["c", "c", "c"], tile_elements=1024)
+    assert [((0, 1, 2), "c")] == [(g.members, g.key) for g in merged]
+    assert [0, 1, 4, 5] == merged[0].starts.tolist()[:4]
+    assert [0, 3, 4] == merged[0].lasts.tolist()
+    assert 3000 == merged[0].numel

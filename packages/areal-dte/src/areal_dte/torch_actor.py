@@ -135,6 +135,9 @@ class TorchActor:
             if reason is not None:
                 log.warning("v%d: %s, syncing in full", version, reason)
                 return self.sync_full(version, reason=reason)
+        # Past the first version, every step since the commit went through ``step`` here
+        # (anything else set a full reason above): the recorded step counts are the truth.
+        recorded = self.sender.acknowledged is not None
         if self._full_due():  # a full version carries the masters as they are now
             self._recast(self.masters, record=False)
         try:
@@ -142,14 +145,14 @@ class TorchActor:
         except MissedChangeError as exc:
             log.error("v%d: snapshot verification failed, syncing in full: %s", version, exc)
             return self.sync_full(version, reason=f"{VERIFICATION_FAILED}: {exc}")
-        self._committed()
+        self._committed(recorded=recorded)
         return report
 
     def sync_full(self, version: int, *, reason: str) -> SyncReport:
         """Deliver the masters, cast into the model copy, as ``version`` in full."""
         self._recast(self.masters, record=False)
         report = self.sender.sync_full(self.model, version=version, reason=reason)
-        self._committed()
+        self._committed(recorded=False)
         return report
 
     def _full_due(self) -> bool:
@@ -204,11 +207,13 @@ class TorchActor:
             return {n: self._snapshot.changes(n, t) for n, t in self.model.items()}
         return self._steps.changes_all(self.model)
 
-    def _committed(self) -> None:
+    def _committed(self, *, recorded: bool) -> None:
         if self._verify or self.method == Method.SNAPSHOT:  # one copy serves both
             for name, tensor in self.model.items():
                 self._snapshot.retain(name, tensor)
-        if self.method == Method.ADAMW:
+        if self.method == Method.ADAMW and recorded:
+            self._steps.commit_recorded()
+        elif self.method == Method.ADAMW:
             self._steps.commit([self.optimizer])
         elif self.method == Method.CAST:
             self._cast.clear()

@@ -7,6 +7,12 @@ of its own). The kernels walk a group as one space of tiles, each member startin
 tile of its own, through device tables of the members' first tiles, sizes and element
 offsets from the group's first tensor of each kind (``staging.locate``).
 
+A plan depends only on the members' addresses and sizes and on which of them share a
+key, which stay the same from one sync to the next (the optimizer state and the model
+copy are not reallocated): plans are kept by that signature, so a repeated call builds
+no tables and copies nothing to the device. A plan holds no tensor of the caller's
+(memory freed and reused at the same addresses with the same sizes gets the same plan).
+
 Each group costs one host synchronisation, to size its outputs, and the next group's
 pass is queued before the host waits, so the device does not idle while the host reads
 the sizes (the sizes travel through pinned memory, behind an event). The scratch slabs
@@ -15,6 +21,7 @@ the sizes (the sizes travel through pinned memory, behind an event). The scratch
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Hashable, Sequence
 from typing import TypeVar
@@ -30,6 +37,8 @@ VECTOR_BYTES = 16
 """The widest load; a group whose tensors all start on such a boundary loads vectors."""
 _PAST = 1 << 62
 """Table padding after the last member: no tile lies there."""
+_PLANS = 8
+"""Plans kept (a trainer has one or two signatures: the inversion's and the cast's)."""
 
 T = TypeVar("T")
 
@@ -40,8 +49,6 @@ class Group:
 
     members: tuple[int, ...]
     """Positions of the members in the caller's list."""
-    tensors: tuple[tuple[torch.Tensor, ...], ...]
-    """Per member its flat tensors, one per kind (e.g. master, moment, moment)."""
     key: Hashable
     tiles: int
     starts: torch.Tensor
@@ -50,80 +57,96 @@ class Group:
     """int64: each member's size, then 0 for the empty member past the last."""
     offsets: torch.Tensor
     """int64 ``[kinds, members + 1]``: element offsets from the first member's tensor."""
+    lasts: torch.Tensor
+    """int64: each member's last tile."""
     steps: int
     aligned: bool
     index_dtype: torch.dtype
-
-    @property
-    def base(self) -> tuple[torch.Tensor, ...]:
-        """The first member's tensors: the kernels address every member from them."""
-        return self.tensors[0]
-
-    @property
-    def numel(self) -> int:
-        """The largest member's size."""
-        return max(t[0].numel() for t in self.tensors)
+    numel: int
+    """The largest member's size."""
 
 
 def plan(tensors: Sequence[Sequence[torch.Tensor]], keys: Sequence[Hashable], *,
          tile_elements: int) -> list[Group]:
-    """Group flat CUDA tensors (``tensors[i]``: member ``i``'s tensors, one per kind; the
-    first sets the member's size) for kernels over tiles of ``tile_elements``."""
+    """Group flat contiguous tensors of one device (``tensors[i]``: member ``i``'s
+    tensors, one per kind; the first sets the member's size) for kernels over tiles of
+    ``tile_elements``; a group addresses its members from ``tensors[group.members[0]]``."""
+    ids: dict[Hashable, int] = {}
+    shared = tuple(ids.setdefault(key, len(ids)) for key in keys)
+    layout = tuple((tuple(t.data_ptr() for t in kinds), kinds[0].numel()) for kinds in tensors)
+    groups = _plan(layout, shared, tensors[0][0].device,
+                   tuple(t.element_size() for t in tensors[0]), tile_elements, GROUP_ELEMENTS)
+    return [attrs.evolve(group, key=keys[group.members[0]]) for group in groups]
+
+
+@functools.lru_cache(maxsize=_PLANS)
+def _plan(layout: tuple[tuple[tuple[int, ...], int], ...], shared: tuple[int, ...],
+          device: torch.device, sizes: tuple[int, ...], tile_elements: int,
+          group_elements: int) -> list[Group]:
+    """``plan`` from the members' addresses and sizes and their keys' ids (``shared``)."""
     buckets: dict[Hashable, list[int]] = {}
-    for i, (kinds, key) in enumerate(zip(tensors, keys)):
-        aligned = all(t.data_ptr() % VECTOR_BYTES == 0 for t in kinds)
-        buckets.setdefault((key, aligned, index_dtype(kinds[0].numel())), []).append(i)
+    for i, ((pointers, numel), key) in enumerate(zip(layout, shared)):
+        aligned = all(p % VECTOR_BYTES == 0 for p in pointers)
+        buckets.setdefault((key, aligned, index_dtype(numel)), []).append(i)
     runs: list[tuple[Hashable, list[int]]] = []
     for full_key, members in buckets.items():
         run: list[int] = []
         size = 0
         for i in members:
-            if run and size + tensors[i][0].numel() > GROUP_ELEMENTS:
+            if run and size + layout[i][1] > group_elements:
                 runs.append((full_key, run))
                 run, size = [], 0
             run.append(i)
-            size += tensors[i][0].numel()
+            size += layout[i][1]
         runs.append((full_key, run))
-    return _tables(runs, tensors, tile_elements)
+    return _tables(runs, layout, device, sizes, tile_elements)
 
 
-def _tables(runs, tensors, tile_elements: int) -> list[Group]:
+def _tables(runs, layout, device: torch.device, sizes: tuple[int, ...],
+            tile_elements: int) -> list[Group]:
     """Build every group's tables on the host and copy them to the device at once."""
     host: list[int] = []
-    layout = []
+    placed = []
     for (key, aligned, dtype), members in runs:
-        first = tensors[members[0]]
-        numels = [tensors[i][0].numel() for i in members]
+        first = layout[members[0]][0]
+        numels = [layout[i][1] for i in members]
         tiles = [-(-n // tile_elements) for n in numels]
         steps = max(1, math.ceil(math.log2(len(members) + 1)))
         starts = [0]
         for count in tiles:
             starts.append(starts[-1] + count)
         starts += [_PAST] * (max(2**steps, len(members) + 2) - len(starts))  # see advance
-        offsets = [(tensors[i][k].data_ptr() - first[k].data_ptr()) // first[k].element_size()
+        offsets = [(layout[i][0][k] - first[k]) // sizes[k]
                    for k in range(len(first)) for i in [*members, members[0]]]
+        lasts = [s - 1 for s in starts[1:len(members) + 1]]
         at = len(host)
-        host += starts + numels + [0] + offsets
-        layout.append((key, aligned, dtype, members, starts[len(members)], steps, at,
-                       len(starts), len(members) + 1, len(first)))
-    device = tensors[runs[0][1][0]][0].device
+        host += starts + numels + [0] + offsets + lasts
+        placed.append((key, aligned, dtype, members, starts[len(members)], steps, at,
+                       len(starts), len(members) + 1, len(first), max(numels)))
     table = torch.tensor(host, dtype=torch.int64)
     if device.type == "cuda":  # pinned, so that the copy does not wait for the device
         table = table.pin_memory().to(device, non_blocking=True)
     groups = []
-    for key, aligned, dtype, members, tiles, steps, at, n_starts, width, kinds in layout:
+    for key, aligned, dtype, members, tiles, steps, at, n_starts, width, kinds, numel in placed:
         starts = table[at:at + n_starts]
         numels = table[at + n_starts:at + n_starts + width]
-        offsets = table[at + n_starts + width:at + n_starts + width * (kinds + 1)]
-        groups.append(Group(tuple(members), tuple(tuple(tensors[i]) for i in members), key,
-                            tiles, starts, numels, offsets.view(kinds, width), steps,
-                            aligned, dtype))
+        at += n_starts + width
+        offsets = table[at:at + width * kinds]
+        at += width * kinds
+        groups.append(Group(tuple(members), key, tiles, starts, numels,
+                            offsets.view(kinds, width), table[at:at + width - 1], steps,
+                            aligned, dtype, numel))
     return groups
 
 
 def member_ends(group: Group, ends: torch.Tensor) -> torch.Tensor:
     """Each member's end in the group's outputs, from the per-tile cumulative counts."""
-    return ends[group.starts[1:len(group.members) + 1] - 1]
+    return ends[group.lasts]
+
+
+def member_counts(ends: Sequence[int]) -> list[int]:
+    """Each member's output count from the host copy of its end (``member_ends``)."""
+    return [end - begin for begin, end in zip([0, *ends], ends)]
 
 
 def pipelined(groups: Sequence[Group], launch: Callable[[Group], T],

@@ -170,7 +170,7 @@ def record_batch(members: Sequence[tuple[torch.Tensor, torch.Tensor, torch.Tenso
                   "ROWS": ROWS, "SLAB": capacity, "num_warps": WARPS,
                   "FP32_ALIGN": _FP32_ALIGN if group.aligned else 1,
                   "HALF_ALIGN": _HALF_ALIGN if group.aligned else 1}
-        tables = (*group.base, group.offsets, group.offsets.shape[1], group.numels,
+        tables = (*flats[group.members[0]], group.offsets, group.offsets.shape[1], group.numels,
                   group.starts, counts)
         _record[(programs(group.tiles, device, waves=WAVES),)](
             *tables, slab, slab, slab, group.tiles, 0, **config)
@@ -189,11 +189,10 @@ def record_batch(members: Sequence[tuple[torch.Tensor, torch.Tensor, torch.Tenso
         if dense:
             _record_dense[(group.tiles,)](*tables, firsts, indices, old, group.tiles, total,
                                           STEPS=group.steps, **config)
-        old = old[0].view(group.key)
-        begin = 0
-        for at, end in zip(group.members, member_ends):
-            found[at] = (indices[begin:end], old[begin:end])
-            begin = end
+        counts = batch.member_counts(member_ends)
+        for at, *parts in zip(group.members, indices.split(counts),
+                              old[0].view(group.key).split(counts)):
+            found[at] = tuple(parts)
 
     with torch.cuda.device(device.index):
         batch.pipelined(batch.plan(flats, dtypes, tile_elements=ROWS * 8), launch,

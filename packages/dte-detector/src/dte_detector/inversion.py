@@ -169,13 +169,15 @@ def invert_adamw_all(inversions: Sequence[Inversion], *, guard_ulps: float = GUA
     found: list[ChangeSet | None] = [None] * len(inversions)
     fused: dict[torch.device, dict[int, tuple[torch.Tensor, ...]]] = {}
     for at, one in enumerate(inversions):
-        flat = tuple(t.detach().reshape(-1) for t in (one.master, one.exp_avg, one.exp_avg_sq))
+        state = (one.master, one.exp_avg, one.exp_avg_sq)
         if one.hyper.step == one.previous_step or not one.master.numel():
             found[at] = ChangeSet.empty(one.master, dtype=one.dtype)
-        elif dispatch.kernels_for(*flat, payload=one.dtype):
-            fused.setdefault(one.master.device, {})[at] = flat
+        elif dispatch.kernels_for(*state, payload=one.dtype):
+            fused.setdefault(one.master.device, {})[at] = tuple(
+                t if t.is_contiguous() else t.contiguous() for t in state)
         else:
-            found[at] = _invert_reference(*flat, one.hyper, one.dtype, guard_ulps)
+            found[at] = _invert_reference(*(t.detach().reshape(-1) for t in state), one.hyper,
+                                          one.dtype, guard_ulps)
     for members in fused.values():
         from .inversion_kernel import invert_batch
         chosen = [inversions[at] for at in members]

@@ -212,14 +212,14 @@ _PAYLOAD = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
 def invert_batch(flats: Sequence[tuple[torch.Tensor, torch.Tensor, torch.Tensor]],
                  hypers: Sequence[AdamWStep], dtypes: Sequence[torch.dtype], *,
                  guard_ulps: float) -> list[ChangeSet]:
-    """``invert_adamw`` over flat, non-empty fp32 CUDA tensors ``(p, m, v)`` of one device,
-    each with its step and its bf16 or fp16 payload dtype.
+    """``invert_adamw`` over non-empty contiguous fp32 CUDA tensors ``(p, m, v)`` of one
+    device (any shape: the kernels read them flat), each with its step and its bf16 or
+    fp16 payload dtype.
 
     Synchronises with the host once per ``batch.GROUP_ELEMENTS`` elements, to size the
     outputs, while the device works on the next group.
     """
     assert ROWS * 8 <= 1 << 15, "tile offsets are staged as int16"
-    flats = [tuple(t.contiguous() for t in f) for f in flats]
     keys = [(*_config(h, guard_ulps), d) for h, d in zip(hypers, dtypes)]
     found: list[ChangeSet | None] = [None] * len(flats)
     slab = ROWS * 8 // SLAB_FRACTION
@@ -231,7 +231,7 @@ def invert_batch(flats: Sequence[tuple[torch.Tensor, torch.Tensor, torch.Tensor]
         staged = torch.empty(group.tiles * slab, dtype=torch.int64, device=device)
         config = {"DECAY_IS_ONE": decay_is_one, "PAYLOAD": _PAYLOAD[dtype], "ROWS": ROWS,
                   "SLAB": slab, "ALIGN": _FP32_ALIGN if group.aligned else 1, **_FIXED}
-        tables = (*group.base, group.offsets, group.offsets.shape[1], group.numels,
+        tables = (*flats[group.members[0]], group.offsets, group.offsets.shape[1], group.numels,
                   group.starts, counts)
         _mark[(programs(group.tiles, device, waves=WAVES),)](
             *tables, staged, group.tiles, *scalars, num_warps=WARPS, **config)
@@ -252,11 +252,11 @@ def invert_batch(flats: Sequence[tuple[torch.Tensor, torch.Tensor, torch.Tensor]
             _dense[(group.tiles,)](*tables, firsts, indices, bounds, total, *group.key[0],
                                    STEPS=group.steps, num_warps=WARPS, **config)
         dtype = group.key[2]
-        low, high = bounds[0].view(dtype), bounds[1].view(dtype)
-        begin = 0
-        for at, end in zip(group.members, member_ends):
-            found[at] = ChangeSet(indices[begin:end], low[begin:end], high[begin:end])
-            begin = end
+        counts = batch.member_counts(member_ends)
+        for at, *parts in zip(group.members, indices.split(counts),
+                              bounds[0].view(dtype).split(counts),
+                              bounds[1].view(dtype).split(counts)):
+            found[at] = ChangeSet(*parts)
 
     with torch.cuda.device(device.index):
         batch.pipelined(batch.plan(flats, keys, tile_elements=ROWS * 8), launch,

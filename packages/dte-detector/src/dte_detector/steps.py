@@ -79,3 +79,11 @@ class AdamWSteps:
         self._synced = {name: s.hyper.step for opt in optimizers
                         for s in torch_adamw_states(opt) for name in self._names(s.param)}
         self._stepped.clear()
+
+    def commit_recorded(self) -> None:
+        """A version was delivered, and every optimizer step since the last commit went
+        through ``record`` (the caller knows: no loaded state, no step outside it): the
+        step counts are the recorded ones, so nothing is read from the optimizers (fused
+        AdamW keeps them on the device)."""
+        self._synced.update((name, s.hyper.step) for name, s in self._stepped.items())
+        self._stepped.clear()

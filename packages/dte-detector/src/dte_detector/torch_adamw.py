@@ -62,14 +62,15 @@ def torch_adamw_states(optimizer: torch.optim.Optimizer) -> list[AdamWState]:
 
 def _read_steps(steps: list) -> list[int]:
     """Every step count as an int. Fused and capturable AdamW keep them on the device:
-    those are read with one transfer per device, not one host synchronisation each."""
+    those are read with one stack and one transfer per device and dtype, not one host
+    synchronisation (or one cast) each; a float step count is an exact integer."""
     out = [s if not isinstance(s, torch.Tensor) else None for s in steps]
-    by_device: dict[torch.device, list[int]] = {}
+    by_kind: dict[tuple[torch.device, torch.dtype], list[int]] = {}
     for k, s in enumerate(steps):
         if isinstance(s, torch.Tensor):
-            by_device.setdefault(s.device, []).append(k)
-    for positions in by_device.values():
-        values = torch.stack([steps[k].reshape(()).to(torch.float64) for k in positions])
-        for k, value in zip(positions, values.tolist()):
+            by_kind.setdefault((s.device, s.dtype), []).append(k)
+    for positions in by_kind.values():
+        values = torch.stack([steps[k].reshape(()) for k in positions]).tolist()
+        for k, value in zip(positions, values):
             out[k] = value
     return [int(s) for s in out]
