@@ -64,3 +64,13 @@ def test_a_repeated_plan_reuses_its_device_tables_with_the_new_keys():
     assert [0, 1, 4, 5] == merged[0].starts.tolist()[:4]
     assert [0, 3, 4] == merged[0].lasts.tolist()
     assert 3000 == merged[0].numel
+
+
+def test_every_table_starts_on_a_16_byte_boundary():
+    """Groups of odd and even member counts: each table of each group starts on a 16-byte
+    boundary (a kernel specialised on an aligned table is not compiled again for a table
+    at another offset)."""
+    members = _members(*range(1, 40, 3))
+    groups = batch.plan(members, [i % 3 for i in range(len(members))], tile_elements=1024)
+    tables = [t for g in groups for t in (g.starts, g.numels, g.offsets, g.lasts)]
+    assert [0] * len(tables) == [t.data_ptr() % batch.VECTOR_BYTES for t in tables]

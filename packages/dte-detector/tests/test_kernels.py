@@ -9,6 +9,10 @@ snapshot diff.
 from __future__ import annotations
 
 import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -310,3 +314,22 @@ def test_batched_cast_is_the_reference_per_tensor(monkeypatch, group_elements, s
         assert bits_of(expected_models[name]) == bits_of(model)
         assert expected._dirty[name].tolist() == actual._dirty[name].tolist()
         _assert_same(expected.changes(name, expected_models[name]), actual.changes(name, model))
+
+
+def _compilations(mode: str) -> dict:
+    probe = Path(__file__).with_name("warm_up_probe.py")
+    done = subprocess.run([sys.executable, str(probe), mode], capture_output=True, text=True,
+                          check=True)
+    return json.loads(done.stdout.splitlines()[-1])
+
+
+def test_warm_up_compiles_every_kernel_a_sync_needs():
+    """In a fresh process, a detection workload (both payloads, aligned and unaligned
+    groups, decay one and not, staged and dense tiles, cast with and without copy)
+    compiles kernels on its own, and one over other sizes and group shapes compiles none
+    more; after ``warm_up`` the first workload compiles none either."""
+    cold = _compilations("cold")
+    assert cold["first"] > cold["before"] == 0
+    assert cold["first"] == cold["second"]
+    warm = _compilations("warm")
+    assert warm["before"] == warm["first"] == warm["second"] > 0

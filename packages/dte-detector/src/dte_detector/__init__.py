@@ -4,7 +4,8 @@ Three detectors, on the tensors' own device (on CUDA the fused kernels take all 
 of a sync at once: ``invert_adamw_all``, ``CastDetector.record_and_copy_all``):
 ``diff``/``Snapshot`` (bitwise reference), ``invert_adamw`` (recovers the change set from
 the post-step AdamW state, sound by a guard band) and ``CastDetector`` (exact dirty bits
-at the fp32 -> bf16 cast, any optimizer, any number of steps).
+at the fp32 -> bf16 cast, any optimizer, any number of steps). ``warm_up`` compiles the
+kernels before the first sync.
 """
 
 from .cast import CastDetector
@@ -13,6 +14,7 @@ from .errors import DetectorError
 from .inversion import AdamWStep, Inversion, invert_adamw, invert_adamw_all
 from .snapshot import Snapshot, diff
 from .torch_adamw import AdamWState, torch_adamw_states
+from .warmup import warm_up
 
 __all__ = [
     "AdamWState",
@@ -26,4 +28,5 @@ __all__ = [
     "invert_adamw",
     "invert_adamw_all",
     "torch_adamw_states",
+    "warm_up",
 ]

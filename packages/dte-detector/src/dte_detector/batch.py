@@ -37,6 +37,9 @@ VECTOR_BYTES = 16
 """The widest load; a group whose tensors all start on such a boundary loads vectors."""
 _PAST = 1 << 62
 """Table padding after the last member: no tile lies there."""
+_TABLE_ALIGN = VECTOR_BYTES // 8
+"""Each table starts on a 16-byte boundary: Triton specialises a kernel on whether its
+pointer arguments are, so a table at another offset would compile the kernel again."""
 _PLANS = 8
 """Plans kept (a trainer has one or two signatures: the inversion's and the cast's)."""
 
@@ -119,23 +122,21 @@ def _tables(runs, layout, device: torch.device, sizes: tuple[int, ...],
         offsets = [(layout[i][0][k] - first[k]) // sizes[k]
                    for k in range(len(first)) for i in [*members, members[0]]]
         lasts = [s - 1 for s in starts[1:len(members) + 1]]
-        at = len(host)
-        host += starts + numels + [0] + offsets + lasts
+        at = []
+        for segment in (starts, numels + [0], offsets, lasts):
+            host += [0] * (-len(host) % _TABLE_ALIGN)
+            at.append((len(host), len(host) + len(segment)))
+            host += segment
         placed.append((key, aligned, dtype, members, starts[len(members)], steps, at,
-                       len(starts), len(members) + 1, len(first), max(numels)))
+                       len(first), max(numels)))
     table = torch.tensor(host, dtype=torch.int64)
     if device.type == "cuda":  # pinned, so that the copy does not wait for the device
         table = table.pin_memory().to(device, non_blocking=True)
     groups = []
-    for key, aligned, dtype, members, tiles, steps, at, n_starts, width, kinds, numel in placed:
-        starts = table[at:at + n_starts]
-        numels = table[at + n_starts:at + n_starts + width]
-        at += n_starts + width
-        offsets = table[at:at + width * kinds]
-        at += width * kinds
+    for key, aligned, dtype, members, tiles, steps, at, kinds, numel in placed:
+        starts, numels, offsets, lasts = (table[begin:end] for begin, end in at)
         groups.append(Group(tuple(members), key, tiles, starts, numels,
-                            offsets.view(kinds, width), table[at:at + width - 1], steps,
-                            aligned, dtype, numel))
+                            offsets.view(kinds, -1), lasts, steps, aligned, dtype, numel))
     return groups
 
 

@@ -123,17 +123,17 @@ def _record(master_ptr, model_ptr, dirty_ptr, offsets_ptr, width, numels_ptr, st
         offsets = offsets_next
 
 
-@triton.jit(do_not_specialize=["tiles", "width", "total"])
+@triton.jit(do_not_specialize=["tiles", "width", "total", "steps"])
 def _record_dense(master_ptr, model_ptr, dirty_ptr, offsets_ptr, width, numels_ptr,
-                  starts_ptr, counts_ptr, firsts_ptr, index_ptr, old_ptr, tiles, total,
+                  starts_ptr, counts_ptr, firsts_ptr, index_ptr, old_ptr, tiles, total, steps,
                   PAYLOAD: tl.constexpr, NAN_ABOVE: tl.constexpr, COPY: tl.constexpr,
-                  ROWS: tl.constexpr, SLAB: tl.constexpr, STEPS: tl.constexpr,
+                  ROWS: tl.constexpr, SLAB: tl.constexpr,
                   FP32_ALIGN: tl.constexpr, HALF_ALIGN: tl.constexpr):
     """The tiles the first pass left (more than SLAB first-seen pairs), one program each,
     their pairs written straight into the outputs from the tile's first slot."""
     tile = tl.program_id(0)
     if tl.load(counts_ptr + tile) > SLAB:
-        member = locate(starts_ptr, tile, STEPS)
+        member = locate(starts_ptr, tile, steps)
         master, old, own, numel, offsets = _load(master_ptr, model_ptr, offsets_ptr, width,
                                                  numels_ptr, starts_ptr, member, tile, ROWS,
                                                  FP32_ALIGN, HALF_ALIGN)
@@ -188,7 +188,7 @@ def record_batch(members: Sequence[tuple[torch.Tensor, torch.Tensor, torch.Tenso
                               numel=group.numel, values=1, rows=ROWS, capacity=capacity)
         if dense:
             _record_dense[(group.tiles,)](*tables, firsts, indices, old, group.tiles, total,
-                                          STEPS=group.steps, **config)
+                                          group.steps, **config)
         counts = batch.member_counts(member_ends)
         for at, *parts in zip(group.members, indices.split(counts),
                               old[0].view(group.key).split(counts)):

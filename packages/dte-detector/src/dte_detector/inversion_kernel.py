@@ -186,17 +186,17 @@ def _mark(p_ptr, m_ptr, v_ptr, offsets_ptr, width, numels_ptr, starts_ptr, count
         p, m, v, numel, offsets = p_next, m_next, v_next, numel_next, offsets_next
 
 
-@triton.jit(do_not_specialize=["total", "width"])
+@triton.jit(do_not_specialize=["total", "width", "steps"])
 def _dense(p_ptr, m_ptr, v_ptr, offsets_ptr, width, numels_ptr, starts_ptr, counts_ptr,
-           firsts_ptr, index_ptr, bounds_ptr, total, inv_sqrt_bc2, eps, step_size, inv_decay,
-           relative, bias, floor, underflow, half_eta, DECAY_IS_ONE: tl.constexpr,
+           firsts_ptr, index_ptr, bounds_ptr, total, steps, inv_sqrt_bc2, eps, step_size,
+           inv_decay, relative, bias, floor, underflow, half_eta, DECAY_IS_ONE: tl.constexpr,
            PAYLOAD: tl.constexpr, ROWS: tl.constexpr, SLAB: tl.constexpr,
-           STEPS: tl.constexpr, ALIGN: tl.constexpr):
+           ALIGN: tl.constexpr):
     """The tiles ``_mark`` could not stage: recomputed, written straight into the outputs."""
     tile = tl.program_id(0)
     if tl.load(counts_ptr + tile) > SLAB:
         p, m, v, numel, offsets = _load(p_ptr, m_ptr, v_ptr, offsets_ptr, width, numels_ptr,
-                                        starts_ptr, locate(starts_ptr, tile, STEPS), tile, ROWS,
+                                        starts_ptr, locate(starts_ptr, tile, steps), tile, ROWS,
                                         ALIGN)
         changed, low, high = _verdict(p, m, v, inv_sqrt_bc2, eps, step_size, inv_decay,
                                       relative, bias, floor, underflow, half_eta,
@@ -249,8 +249,8 @@ def invert_batch(flats: Sequence[tuple[torch.Tensor, torch.Tensor, torch.Tensor]
                                  steps=group.steps, numel=group.numel, values=2, rows=ROWS,
                                  capacity=slab)
         if dense:
-            _dense[(group.tiles,)](*tables, firsts, indices, bounds, total, *group.key[0],
-                                   STEPS=group.steps, num_warps=WARPS, **config)
+            _dense[(group.tiles,)](*tables, firsts, indices, bounds, total, group.steps,
+                                   *group.key[0], num_warps=WARPS, **config)
         dtype = group.key[2]
         counts = batch.member_counts(member_ends)
         for at, *parts in zip(group.members, indices.split(counts),

@@ -26,16 +26,17 @@ _GATHER_SLOTS = 4096
 
 
 @triton.jit
-def locate(starts_ptr, tile, STEPS: tl.constexpr):
+def locate(starts_ptr, tile, steps):
     """The member whose tiles hold ``tile`` (a scalar or a tensor of tiles).
 
     ``starts`` holds each member's first tile, then the group's tile count, padded to
-    ``2**STEPS`` entries with larger values: a tile past the group lands on the empty
-    member after the last one.
+    ``2**steps`` entries with larger values: a tile past the group lands on the empty
+    member after the last one. ``steps`` is a runtime value (a kernel argument left
+    unspecialised), so a group of another size compiles nothing.
     """
     at = (tile * 0).to(tl.int64)
-    for level in tl.static_range(STEPS):
-        probe = at + (1 << (STEPS - 1 - level))
+    for level in range(steps):
+        probe = at + (tl.full((), 1, tl.int64) << (steps - 1 - level).to(tl.int64))
         at = tl.where(tl.load(starts_ptr + probe) <= tile, probe, at)
     return at
 
@@ -43,7 +44,7 @@ def locate(starts_ptr, tile, STEPS: tl.constexpr):
 @triton.jit
 def advance(starts_ptr, member, tile):
     """``locate`` for a program whose tiles only grow: search forward from ``member``
-    (one load per tile in the common case instead of ``STEPS``). ``starts`` holds at
+    (one load per tile in the common case instead of ``steps``). ``starts`` holds at
     least one padding entry past the tile count."""
     while tl.load(starts_ptr + member + 1) <= tile:
         member += 1
@@ -105,10 +106,10 @@ def place(index_ptr, values_ptr, total, at, flags, offsets, first, second,
         tl.store(values_ptr + total + at, second.to(tl.int16), mask=keep)
 
 
-@triton.jit(do_not_specialize=["tiles", "total"])
+@triton.jit(do_not_specialize=["tiles", "total", "steps"])
 def _gather(counts_ptr, firsts_ptr, slab_ptr, starts_ptr, index_ptr, values_ptr, tiles, total,
-            VALUES: tl.constexpr, ROWS: tl.constexpr, SLAB: tl.constexpr,
-            TILES: tl.constexpr, STEPS: tl.constexpr):
+            steps, VALUES: tl.constexpr, ROWS: tl.constexpr, SLAB: tl.constexpr,
+            TILES: tl.constexpr):
     """Move the slabs of ``TILES`` tiles to their sorted place in the outputs."""
     tile = tl.program_id(0).to(tl.int64) * TILES + tl.arange(0, TILES)[:, None]
     count = tl.load(counts_ptr + tile, mask=tile < tiles, other=0)
@@ -116,7 +117,7 @@ def _gather(counts_ptr, firsts_ptr, slab_ptr, starts_ptr, index_ptr, values_ptr,
     slot = tl.arange(0, SLAB)[None, :]
     staged = slot < count
     at = tl.load(firsts_ptr + tile, mask=tile < tiles, other=0) + slot
-    own = tile - tl.load(starts_ptr + locate(starts_ptr, tile, STEPS))
+    own = tile - tl.load(starts_ptr + locate(starts_ptr, tile, steps))
     word = tl.load(slab_ptr + tile * SLAB + slot, mask=staged, other=0).to(tl.int64)
     tl.store(index_ptr + at, (own * (ROWS * 8) + (word & 0xFFFF)).to(index_ptr.dtype.element_ty),
              mask=staged)
@@ -149,6 +150,6 @@ def gather(counts: torch.Tensor, firsts: torch.Tensor, total: int, slab: torch.T
         tiles = counts.numel()
         per_program = max(1, _GATHER_SLOTS // capacity)
         _gather[(triton.cdiv(tiles, per_program),)](
-            counts, firsts, slab, starts, indices, staged, tiles, total, VALUES=values,
-            ROWS=rows, SLAB=capacity, TILES=per_program, STEPS=steps, num_warps=4)
+            counts, firsts, slab, starts, indices, staged, tiles, total, steps, VALUES=values,
+            ROWS=rows, SLAB=capacity, TILES=per_program, num_warps=4)
     return indices, staged
