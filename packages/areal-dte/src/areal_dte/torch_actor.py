@@ -19,7 +19,7 @@ import logging
 from collections.abc import Callable, Iterable, Mapping
 
 import torch
-from dte_detector import CastDetector, ChangeSet, Snapshot
+from dte_detector import CastDetector, ChangeSet, Snapshot, warm_up
 from dte_detector.errors import PrecisionError
 from dte_detector.steps import AdamWSteps
 from dte_detector.torch_adamw import flush_to_zero
@@ -96,6 +96,9 @@ class TorchActor:
         self._full_reason: str | None = None
         self._masters_seen = VersionWatch(self.masters)
         self._model_seen = VersionWatch(self.model)
+        if method in (Method.ADAMW, Method.CAST):  # compile now, not in the first delta sync
+            for device in {m.device for m in self.masters.values()}:
+                warm_up(device, payloads=set(dtypes.values()))
         if method == Method.ADAMW:  # the loaded steps are not the ones the rollout has seen
             optimizer.register_load_state_dict_post_hook(
                 lambda _: self._needs_full(OPTIMIZER_LOADED))
