@@ -17,6 +17,11 @@ synchronisations included:
   (the model reset to the old weights and the detector cleared before each repetition,
   untimed), and the torch reference (``record`` + ``copy_``); minimal bytes 6 per element.
 
+``--modes`` picks the modes (default both). Also timed, on as many parameters as each
+run has tensors (the sizes do not matter, only the count): ``AdamWSteps.commit`` after a
+fused AdamW step (reads every step count from the device) and ``commit_recorded`` (reads
+none), median of ``--reps``.
+
 Each kernel's bandwidth is its minimal bytes over its time, as a fraction of the copy
 bandwidth; ``missed`` counts changed elements (snapshot diff) that the detector did not
 report (must be 0; the script exits 1 otherwise, and also when a mode's change sets or
@@ -43,6 +48,7 @@ from provenance import git_sha, machine
 from dte_detector import (CastDetector, ChangeSet, Inversion, diff, invert_adamw,
                           invert_adamw_all, torch_adamw_states)
 from dte_detector.dispatch import reference
+from dte_detector.steps import AdamWSteps
 
 INVERSION_BYTES = 14
 CAST_BYTES = 6
@@ -65,6 +71,7 @@ def parse() -> argparse.Namespace:
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--reps", type=int, default=10)
     parser.add_argument("--reference-reps", type=int, default=3)
+    parser.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
     parser.add_argument("--sha", default=None, help="default: this checkout's")
     parser.add_argument("--profile", action="store_true")
     parser.add_argument("--out", default=None, help="write the results as JSON here")
@@ -200,6 +207,8 @@ def measure(label: str, tensors: list[tuple[int, bool]], args) -> dict:
         row["inversion_ref_ms"] = median_ms(lambda: invert_each(states),
                                             reps=args.reference_reps, warmup=1)
     for mode, run in zip(MODES, (invert_each, invert_batched)):
+        if mode not in args.modes:
+            continue
         found = run(states)
         row[f"inversion {mode}"] = {
             "ms": median_ms(lambda: run(states), reps=args.reps, warmup=args.warmup),
@@ -213,7 +222,7 @@ def measure(label: str, tensors: list[tuple[int, bool]], args) -> dict:
                                        reset=reference_run.reset)
     ref, ref_bits = reference_run.changes(), reference_run.model_bits()
     del reference_run
-    for mode in MODES:
+    for mode in args.modes:
         cast = CastRun(states, old, batched=mode == "batched")
         ms = median_ms(cast, reps=args.reps, warmup=args.warmup, reset=cast.reset)
         found = cast.changes()
@@ -228,6 +237,27 @@ def measure(label: str, tensors: list[tuple[int, bool]], args) -> dict:
     return row
 
 
+def commit_ms(count: int, args) -> dict:
+    """``AdamWSteps.commit`` and ``commit_recorded`` over ``count`` parameters, each after
+    an untimed fused AdamW step and ``record``."""
+    params = [torch.nn.Parameter(torch.zeros(8, device="cuda")) for _ in range(count)]
+    optimizer = torch.optim.AdamW(params, lr=args.lr, weight_decay=args.weight_decay,
+                                  fused=True)
+    names = {id(p): (str(i),) for i, p in enumerate(params)}
+    steps = AdamWSteps(lambda p: names[id(p)])
+
+    def step() -> None:
+        for p in params:
+            p.grad = torch.ones_like(p)
+        optimizer.step()
+        steps.record(optimizer)
+    timed = {"commit": lambda: steps.commit([optimizer])}
+    if hasattr(steps, "commit_recorded"):  # absent before it existed (a before/after run)
+        timed["commit_recorded"] = steps.commit_recorded
+    return {name: median_ms(fn, reps=args.reps, warmup=args.warmup, reset=step)
+            for name, fn in timed.items()}
+
+
 def profile(states, cast: CastRun) -> str:
     cast.reset()
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
@@ -240,7 +270,7 @@ def profile(states, cast: CastRun) -> str:
 def markdown(row: dict, meta: dict) -> list[str]:
     lines = []
     for what, minimal in (("inversion", INVERSION_BYTES), ("cast", CAST_BYTES)):
-        for mode in MODES:
+        for mode in [m for m in MODES if f"{what} {m}" in row]:
             result = row[f"{what} {mode}"]
             ms = result["ms"]
             tb_s = minimal * row["numel"] / ms / 1e9
@@ -268,6 +298,7 @@ def main() -> int:
     for label, tensors in runs:
         rows.append(measure(label, tensors, args))
         torch.cuda.empty_cache()
+        rows[-1]["commit_ms"] = commit_ms(len(tensors), args)
         print(json.dumps({k: v for k, v in rows[-1].items() if k != "profile"}), flush=True)
         if args.profile:
             print(rows[-1]["profile"], flush=True)
@@ -281,7 +312,7 @@ def main() -> int:
     for row in rows:
         print("\n".join(markdown(row, meta)))
     bad = any(row[f"{what} {mode}"]["missed"] or not row[f"{what} {mode}"]["same"]
-              for row in rows for what in ("inversion", "cast") for mode in MODES)
+              for row in rows for what in ("inversion", "cast") for mode in args.modes)
     return 1 if bad else 0
 
 
