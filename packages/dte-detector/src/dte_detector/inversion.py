@@ -173,8 +173,7 @@ def invert_adamw_all(inversions: Sequence[Inversion], *, guard_ulps: float = GUA
         if one.hyper.step == one.previous_step or not one.master.numel():
             found[at] = ChangeSet.empty(one.master, dtype=one.dtype)
         elif dispatch.kernels_for(*state, payload=one.dtype):
-            fused.setdefault(one.master.device, {})[at] = tuple(
-                t if t.is_contiguous() else t.contiguous() for t in state)
+            fused.setdefault(one.master.device, {})[at] = tuple(t.contiguous() for t in state)
         else:
             found[at] = _invert_reference(*(t.detach().reshape(-1) for t in state), one.hyper,
                                           one.dtype, guard_ulps)
