@@ -35,8 +35,8 @@ import torch
 
 from .bits import BYTE_BITS, bit_length, order_keys_by_width, width_mask
 from .fields import Body, Segments, host_table
-from .header import (DTYPE_CODES, MAX_NAME_BYTES, RESIDUE_DTYPES, Entry, Header,
-                     IndexEncoding, Kind, ValueEncoding, align, index_itemsize)
+from .header import (DTYPE_CODES, MAX_NAME_BYTES, RESIDUE_DTYPES, Entry, IndexEncoding, Kind,
+                     ValueEncoding, align, index_itemsize)
 from .indices import MAX_GAP_BYTE, choose_indices
 from .dispatch import fused
 from .parts import checked_header, seal
@@ -87,7 +87,7 @@ def encode_delta_flat(items: Sequence[tuple[str, torch.Tensor, ChangeSet]], *, s
     header = checked_header(entries, stream_id=stream_id, kind=Kind.DELTA,
                             base_version=base_version, version=version)
     layout = Layout.of(header.entries, device)
-    body = flat.write(header, layout)
+    body = flat.write(layout)
     for entry, item, offset in zip(header.entries, todo, layout.dense_offsets):
         if entry.index_encoding == IndexEncoding.DENSE:
             data = item.tensor.detach().contiguous().reshape(-1).view(torch.uint8)
@@ -157,9 +157,9 @@ class TorchFlat:
         hist = segs.histogram(self.need, bins).reshape(-1)
         return torch.cat([segs.sums(self.wide), segs.sums(self.bad), hist]).cpu()
 
-    def write(self, header: Header, layout: Layout) -> torch.Tensor:
-        """The body of ``header`` as uint8 on the device, dense entries left zero."""
-        body = Body(header.body_size(), self.segs.total, self.idx.device)
+    def write(self, layout: Layout) -> torch.Tensor:
+        """The body laid out by ``layout`` as uint8 on the device, dense entries left zero."""
+        body = Body(layout.size, self.segs.total, self.idx.device)
         home = self._write_indices(body, layout)
         self._write_values(body, layout, home)
         return body.bytes()
@@ -211,6 +211,8 @@ class Layout:
     names: tuple[str, ...]
     table: torch.Tensor
     dense_offsets: tuple[int, ...]
+    size: int
+    """The body's size in bytes (``Header.body_size``, summed here once)."""
 
     COLUMNS = ("index_encoding", "first", "stride", "width", "second", "escape_bits",
                "low_width", "value_encoding", "value_width", "fields", "positions",
@@ -228,7 +230,7 @@ class Layout:
             is_dense = entry.index_encoding == IndexEncoding.DENSE
             dense.append(starts[0] // BYTE_BITS if is_dense else -1)
         columns = [list(column) for column in zip(*rows)]
-        return cls(cls.COLUMNS, host_table(columns, device), tuple(dense))
+        return cls(cls.COLUMNS, host_table(columns, device), tuple(dense), offset)
 
     def column(self, segs: Segments):
         def gather(name: str) -> torch.Tensor:

@@ -95,11 +95,17 @@ def column(table, c, segments, seg):
 @triton.jit
 def load_int(address, at, size, mask):
     """Element ``at`` of the tensor at ``address`` with ``size``-byte items (1, 2, 4 or 8),
-    as int64 (1-byte items zero-extended, the others sign-extended)."""
-    one = tl.load(address.to(tl.pointer_type(tl.uint8)) + at, mask=mask & (size == 1), other=0)
-    two = tl.load(address.to(tl.pointer_type(tl.int16)) + at, mask=mask & (size == 2), other=0)
-    four = tl.load(address.to(tl.pointer_type(tl.int32)) + at, mask=mask & (size == 4), other=0)
-    eight = tl.load(address.to(tl.pointer_type(tl.int64)) + at, mask=mask & (size == 8), other=0)
+    as int64 (1-byte items zero-extended, the others sign-extended). ``address`` and
+    ``size`` may be scalars (``tl.where``, not ``&``: Triton's interpreter types a scalar
+    flag ANDed with a block of flags as int64, which a mask refuses)."""
+    one = tl.load(address.to(tl.pointer_type(tl.uint8)) + at, mask=tl.where(size == 1, mask, False),
+                  other=0)
+    two = tl.load(address.to(tl.pointer_type(tl.int16)) + at, mask=tl.where(size == 2, mask, False),
+                  other=0)
+    four = tl.load(address.to(tl.pointer_type(tl.int32)) + at,
+                   mask=tl.where(size == 4, mask, False), other=0)
+    eight = tl.load(address.to(tl.pointer_type(tl.int64)) + at,
+                    mask=tl.where(size == 8, mask, False), other=0)
     return tl.where(size == 1, one.to(tl.int64),
                     tl.where(size == 2, two.to(tl.int64),
                              tl.where(size == 4, four.to(tl.int64), eight)))
