@@ -48,6 +48,9 @@ if TYPE_CHECKING:
     from .frame import Frame
 
 _INT64 = torch.int64
+_VALUE_SECTIONS = {ValueEncoding.RAW: 1, ValueEncoding.RESIDUE: 3}
+"""Sections per value encoding (``Entry.value_sections``): raw values; residue fields,
+escape positions and escaped raw values."""
 
 
 @attrs.frozen
@@ -222,11 +225,12 @@ class Layout:
     def of(cls, entries: Sequence[Entry], device: torch.device) -> Layout:
         rows, dense, offset = [], [], 0
         for entry in entries:
+            sizes = entry.section_sizes()  # once per entry: a few microseconds each
             starts = []
-            for size in entry.section_sizes():
+            for size in sizes:
                 starts.append(offset * BYTE_BITS)
                 offset += align(size)
-            rows.append(_row(entry, starts))
+            rows.append(_row(entry, starts, len(sizes) - _VALUE_SECTIONS[entry.value_encoding]))
             is_dense = entry.index_encoding == IndexEncoding.DENSE
             dense.append(starts[0] // BYTE_BITS if is_dense else -1)
         columns = [list(column) for column in zip(*rows)]
@@ -238,22 +242,22 @@ class Layout:
         return gather
 
 
-def _row(entry: Entry, starts: list[int]) -> tuple[int, ...]:
-    """One entry's columns of ``Layout.COLUMNS``; ``starts``: its sections' bit offsets."""
-    enc, item_bits = entry.index_encoding, entry.itemsize * BYTE_BITS
+def _row(entry: Entry, starts: list[int], index_sections: int) -> tuple[int, ...]:
+    """One entry's columns of ``Layout.COLUMNS``; ``starts``: its sections' bit offsets,
+    the first ``index_sections`` of them the index's."""
+    enc, item_bits = entry.index_encoding, entry.dtype.itemsize * BYTE_BITS
+    first = starts[0]
     if enc == IndexEncoding.DENSE:
-        return (-1, starts[0], item_bits, 0, starts[0], 0, 0, -1, 0, starts[0], starts[0], 0,
-                starts[0])
+        return (-1, first, item_bits, 0, first, 0, 0, -1, 0, first, first, 0, first)
     raw_bits = index_itemsize(entry.numel) * BYTE_BITS
-    first, width, stride = {
-        IndexEncoding.INT32: (starts[0], raw_bits, raw_bits),
-        IndexEncoding.INT64: (starts[0], raw_bits, raw_bits),
-        IndexEncoding.GAP8: (starts[0], BYTE_BITS, BYTE_BITS),
-        IndexEncoding.ELIAS_FANO: (starts[0], entry.index_width, entry.index_width),
-        IndexEncoding.BITMAP: (starts[0], 1, 0),
-    }[enc]
-    second = starts[1] if len(entry.index_sections()) > 1 else first
-    values = starts[len(entry.index_sections()):]
+    if enc == IndexEncoding.BITMAP:
+        width, stride = 1, 0
+    else:
+        width = {IndexEncoding.GAP8: BYTE_BITS,
+                 IndexEncoding.ELIAS_FANO: entry.index_width}.get(enc, raw_bits)
+        stride = width
+    second = starts[1] if index_sections > 1 else first
+    values = starts[index_sections:]
     if entry.value_encoding == ValueEncoding.RAW:
         fields = positions = raw = values[0]
     else:
