@@ -136,11 +136,12 @@ def _stats(items, block_seg, segments, codes, out, BLOCK: tl.constexpr, BINS: tl
     row = out + seg * (2 + BINS)
     wides = tl.sum(wide.to(tl.int64))
     bads = tl.sum(bad.to(tl.int64))
-    tl.atomic_add(row, wides, mask=wides > 0)
-    tl.atomic_add(row + 1, bads, mask=bads > 0)
+    tl.atomic_add(row, wides, mask=wides > 0, sem="relaxed")
+    tl.atomic_add(row + 1, bads, mask=bads > 0, sem="relaxed")
     bins = tl.arange(0, BINS)
     hist = tl.histogram(tl.where(valid, need, BINS - 1).to(tl.int32), BINS)
-    tl.atomic_add(row + 2 + bins, hist.to(tl.int64), mask=(hist > 0) & (bins < BINS - 1))
+    tl.atomic_add(row + 2 + bins, hist.to(tl.int64), mask=(hist > 0) & (bins < BINS - 1),
+                  sem="relaxed")
 
 
 @triton.jit
@@ -177,12 +178,11 @@ def _before(before, block, first, flags):
 
 
 @triton.jit
-def _write_indices(items, layout, segments, seg, words, rank, valid, has_next, code, gaps,
+def _write_indices(items, layout, segments, seg, words, rank, valid, has_next, idx, code, gaps,
                    any_escaped):
     """The index sections: raw index, gap byte, low bits or bitmap bit; then escaped gaps
     (``gaps``: per element, the GAP8 escapes before it) or the Elias-Fano upper bits."""
     enc = column(layout, _ENC, segments, seg)
-    idx = _index(items, segments, seg, rank, valid)
     nxt = _index(items, segments, seg, rank + 1, has_next)
     prev = tl.where(rank > 0, _index(items, segments, seg, rank - 1, valid & (rank > 0)), -1)
     gap = idx - prev
@@ -207,11 +207,10 @@ def _write_indices(items, layout, segments, seg, words, rank, valid, has_next, c
 
 
 @triton.jit
-def _write_values(items, layout, segments, seg, words, rank, valid, has_next, code, escaped,
+def _write_values(items, layout, segments, seg, words, rank, valid, has_next, idx, escaped,
                   values, any_escaped):
     """Residue fields of the values not escaped, escape positions and raw values (every
     value of a RAW entry, the escaped ones of a RESIDUE entry)."""
-    idx = _index(items, segments, seg, rank, valid)
     pattern = _pattern(items, segments, seg, idx, valid)
     bits = column(items, _BITS, segments, seg)
     raw = column(layout, _RAW, segments, seg)
@@ -247,9 +246,10 @@ def _write(items, layout, block_seg, segments, codes, counts, before, blocks, wo
         first = column(items, _FIRST_BLOCK, segments, seg)
         gaps = _before(before, block, first, gap)
         values = _before(before + blocks, block, first, value)
-        _write_indices(items, layout, segments, seg, words, rank, valid, has_next, code, gaps,
-                       tl.load(counts + block) > 0)
-        _write_values(items, layout, segments, seg, words, rank, valid, has_next, code, value,
+        idx = _index(items, segments, seg, rank, valid)
+        _write_indices(items, layout, segments, seg, words, rank, valid, has_next, idx, code,
+                       gaps, tl.load(counts + block) > 0)
+        _write_values(items, layout, segments, seg, words, rank, valid, has_next, idx, value,
                       values, tl.load(counts + blocks + block) > 0)
 
 

@@ -134,18 +134,20 @@ def put_fields(words, pos, value, width, valid, next_pos, has_next):
     element adds the prefix sum at itself to its word and subtracts it from the next
     run's word: two atomic adds per run, whatever the number of fields in it, and every
     word ends up as the sum (wrapping int64, exact) of its fields. Nothing else may write
-    the words with another operation while fields are added.
+    the words with another operation while fields are added. The adds commute and nothing
+    reads the words before the kernel ends, so they are relaxed (Triton's default,
+    acquire-release, orders every add against all other memory traffic).
     """
     word = pos >> 6
     shift = pos & 63
     field = value & width_mask(width)
     total = tl.cumsum(tl.where(valid, field << shift, 0), 0)
     ends = valid & ~(has_next & ((next_pos >> 6) == word))
-    tl.atomic_add(words + word, total, mask=ends)
-    tl.atomic_add(words + (next_pos >> 6), -total, mask=ends & has_next)
+    tl.atomic_add(words + word, total, mask=ends, sem="relaxed")
+    tl.atomic_add(words + (next_pos >> 6), -total, mask=ends & has_next, sem="relaxed")
     straddles = valid & (shift + width > 64)
     high = shift_right(field, tl.where(straddles, 64 - shift, 0))
-    tl.atomic_add(words + word + 1, high, mask=straddles & (high != 0))
+    tl.atomic_add(words + word + 1, high, mask=straddles & (high != 0), sem="relaxed")
 
 
 @triton.jit
