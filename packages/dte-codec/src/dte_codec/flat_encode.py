@@ -17,8 +17,8 @@ payload whatever the number of tensors:
    to the host (sync 2).
 
 On a GPU with Triton (``dispatch.fused``) the device work is three fused kernels
-(``encode_kernel``) that read the change sets and tensors in place: no per-element
-temporaries, a fixed number of launches, the body as the only large buffer. Elsewhere
+(``encode_kernel``) that read the change sets and tensors in place: one byte per element
+as the only temporary, a fixed number of launches, the body as the only large buffer. Elsewhere
 (and under ``dispatch.reference()``) ``TorchFlat`` does it with torch ops: one gather of
 new values per tensor and about a dozen int64 temporaries per element. Both write the
 same bytes as the reference. A change set that fails validation sends the call down the
