@@ -4,8 +4,9 @@ and ``fields.py``, per element inside a kernel.
 A kernel program takes ``BLOCK`` consecutive elements of a flat index space cut into
 segments (one per payload entry). Per-segment numbers sit in an int64 table of
 ``columns x segments`` (``column(table, c, segments, seg)``); an element finds its segment
-by a binary search over the first column (the segments' flat starts), so no per-element
-segment array is ever materialized. Tensors of different entries are reached through
+by a binary search over the first column (the segments' flat starts, ``segment_of``), or,
+where each block lies inside one segment (the encoder's layout), the program reads its
+segment once from a block -> segment table. Tensors of different entries are reached through
 their addresses in the table (``load_int``), so one launch covers every tensor.
 
 ``put_fields`` adds bit fields into int64 body words with two atomic adds per run of
