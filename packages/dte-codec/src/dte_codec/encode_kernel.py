@@ -260,24 +260,21 @@ class FusedFlat:
         counts = [c.indices.numel() for c in changes]
         self.segments, self.device = len(counts), device
         # kept alive until the kernels that read them through their addresses are queued
-        self._keep = [(t.detach().reshape(-1).contiguous(), _indices(c, device),
-                       c.base_low.to(device).contiguous(), c.base_high.to(device).contiguous())
-                      for t, c in zip(tensors, changes)]
+        self._keep = [(_in_place(t, device), _indices(c, device), _in_place(c.base_low, device),
+                       _in_place(c.base_high, device)) for t, c in zip(tensors, changes)]
         blocks = [triton.cdiv(count, BLOCK) for count in counts]
         firsts, at = [], 0
         for n in blocks:
             firsts.append(at)
             at += n
         self.blocks = at
-        rows = [counts, firsts, blocks, [t.numel() for t, *_ in self._keep],
-                [t.element_size() * 8 for t, *_ in self._keep],
-                [int(t.dtype in RESIDUE_DTYPES) for t, *_ in self._keep],
-                [i.data_ptr() for _, i, _, _ in self._keep],
-                [i.element_size() for _, i, _, _ in self._keep],
-                [t.data_ptr() for t, *_ in self._keep],
-                [t.element_size() for t, *_ in self._keep],
-                [lo.data_ptr() for *_, lo, _ in self._keep],
-                [hi.data_ptr() for *_, hi in self._keep]]
+        rows = [counts, firsts, blocks] + [[] for _ in range(_HIGH_AT + 1 - _NUMEL)]
+        for t, i, lo, hi in self._keep:
+            size = t.element_size()
+            for row, value in zip(rows[_NUMEL:], (
+                    t.numel(), size * 8, int(t.dtype in RESIDUE_DTYPES), i.data_ptr(),
+                    i.element_size(), t.data_ptr(), size, lo.data_ptr(), hi.data_ptr())):
+                row.append(value)
         self.items = host_table(rows, device)
         self.block_seg = torch.repeat_interleave(
             torch.arange(self.segments, device=device), self.items[_BLOCKS],
@@ -309,8 +306,16 @@ class FusedFlat:
         return body[:words].view(torch.uint8)
 
 
+def _in_place(values: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """``values`` as contiguous on ``device``: itself when it already is (the usual case;
+    a call per tensor and sync counts, so no-op conversions are skipped)."""
+    if values.device == device and values.is_contiguous():
+        return values
+    return values.to(device).contiguous()
+
+
 def _indices(change, device: torch.device) -> torch.Tensor:
-    indices = change.indices.reshape(-1).to(device)
+    indices = change.indices
     if indices.dtype not in (torch.int32, torch.int64):
         indices = indices.to(_INT64)
-    return indices.contiguous()
+    return _in_place(indices, device)
