@@ -35,6 +35,7 @@ import argparse
 import datetime
 import json
 import statistics
+import sys
 import time
 from collections.abc import Callable
 
@@ -280,7 +281,7 @@ def _rows(r: dict, keys: tuple[str, ...] | None = None) -> None:
     """The rows of ``docs/benchmarks.md``'s table: wall ms, launches, host syncs, memcpys,
     kernel ms, peak extra GPU GB per path (``keys``: those paths only)."""
     command = ("`PYTHONPATH=packages/dte-codec/src:tools python3 "
-               "tools/gpu/bench_codec_batched.py --reps 3`")
+               f"tools/gpu/bench_codec_batched.py {' '.join(sys.argv[1:])}`")
     for key, label in PATHS:
         if keys is not None and key not in keys:
             continue
