@@ -24,6 +24,9 @@ one JSON object and Markdown rows for ``docs/benchmarks.md``.
 
     PYTHONPATH=packages/dte-codec/src:tools python3 tools/gpu/bench_codec_batched.py
     PYTHONPATH=packages/dte-codec/src:tools python3 tools/gpu/bench_codec_batched.py --smoke
+
+``--encode-only`` times the fused encoder alone (the reference runs once, untimed, for the
+bytes check): run it with two trees' ``PYTHONPATH`` in one session for a before/after.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ import argparse
 import datetime
 import json
 import statistics
+import sys
 import time
 from collections.abc import Callable
 
@@ -63,6 +67,9 @@ def parse() -> argparse.Namespace:
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--device", default="cuda")
     p.add_argument("--smoke", action="store_true", help="a tiny model, to check the script")
+    p.add_argument("--encode-only", action="store_true",
+                   help="time the fused encoder alone (its bytes still checked against the "
+                        "reference, run once untimed), e.g. to compare two trees in one run")
     args = p.parse_args()
     if args.smoke:
         args.layers, args.hidden, args.intermediate, args.vocab = 2, 64, 192, 1000
@@ -187,6 +194,9 @@ def main() -> None:
     params = sum(w.numel() for w in weights.values())
     results: dict = {"params": params, "tensors": len(weights), "changed": changed}
     args = {"stream_id": "bench", "base_version": 0, "version": 1}
+    if a.encode_only:
+        _encode_only(weights, changes, args, a, device, results)
+        return
     ref = measure("encode_reference", lambda: encode_delta_per_tensor(weights, changes, **args),
                   a, device, results)
     flat = both("encode", lambda: encode_delta_batched(weights, changes, **args), a, device,
@@ -239,6 +249,18 @@ def main() -> None:
     _rows(results)
 
 
+def _encode_only(weights: dict, changes: dict, args: dict, a: argparse.Namespace,
+                 device: torch.device, results: dict) -> None:
+    expected = bytes(encode_delta_per_tensor(weights, changes, **args))
+    out = measure("encode_fused", lambda: encode_delta_batched(weights, changes, **args), a,
+                  device, results)
+    results.update(bytes_identical=expected == bytes(out), payload_bytes=out.nbytes,
+                   sha=git_sha(), machine=machine(a.device),
+                   date=datetime.date.today().isoformat())
+    print(json.dumps(results))
+    _rows(results, keys=("encode_fused",))
+
+
 def both(what: str, fn: Callable[[], object], a: argparse.Namespace, device: torch.device,
          results: dict) -> tuple[object, object]:
     """``fn`` measured on torch ops (``dispatch.reference()``), then on the kernels."""
@@ -255,12 +277,14 @@ PATHS = (("encode_reference", "encode, per tensor"), ("encode_torch", "encode, b
          ("apply_fused", "apply_, fused kernels"))
 
 
-def _rows(r: dict) -> None:
+def _rows(r: dict, keys: tuple[str, ...] | None = None) -> None:
     """The rows of ``docs/benchmarks.md``'s table: wall ms, launches, host syncs, memcpys,
-    kernel ms, peak extra GPU GB per path."""
+    kernel ms, peak extra GPU GB per path (``keys``: those paths only)."""
     command = ("`PYTHONPATH=packages/dte-codec/src:tools python3 "
-               "tools/gpu/bench_codec_batched.py --reps 3`")
+               f"tools/gpu/bench_codec_batched.py {' '.join(sys.argv[1:])}`")
     for key, label in PATHS:
+        if keys is not None and key not in keys:
+            continue
         m = r[key]
         print(f"| {r['date']} | `{r['sha']}` | {r['machine']} | {command} | {label} | "
               f"{m['median_ms']:.1f} | {m['launches']:,} | {m['syncs']:,} | {m['memcpys']:,} | "

@@ -12,6 +12,7 @@ import contextlib
 import importlib.util
 import os
 
+import attrs
 import pytest
 import torch
 from codec_cases import (Change, HostReads, assert_apply_agrees, assert_corrupt_decodes_agree,
@@ -55,9 +56,30 @@ EDGES = [
 ]
 
 
+def _across_blocks() -> list:
+    """Tensors of several kernel blocks (1,024 elements) whose escapes sit on both sides
+    of block boundaries: residues (Elias-Fano indices), GAP8 gaps, raw values, and a
+    one-element tensor after them."""
+    gen = torch.Generator().manual_seed(11)
+    ef = torch.randn(50000, generator=gen).bfloat16()
+    at = torch.arange(0, 50000, 20)
+    step = torch.ones(at.numel(), dtype=torch.int64)
+    step[[0, 1023, 1024, 2047, 2048, 2499]] = 1000
+    base = (ef[at].view(torch.int16).to(torch.int64) - step).to(torch.int16).view(torch.bfloat16)
+    gap8 = torch.randn(200000, generator=gen)
+    run = torch.cat([torch.arange(0, 1024), torch.arange(5000, 5500), torch.arange(9000, 9600)])
+    ints = torch.randint(-100, 100, (4000,), generator=gen, dtype=torch.int32)
+    return [(ef, Change(at, base, base)),
+            (gap8, Change(run, *(gap8[run],) * 2)),
+            (ints, Change(torch.arange(0, 4000, 3), *(ints[:1334],) * 2)),
+            (torch.ones(7, dtype=torch.float16),
+             Change(torch.tensor([6]), *(torch.zeros(1, dtype=torch.float16),) * 2))]
+
+
 @EXAMPLES
 @given(st.lists(tensor_and_change(), max_size=6))
 @example(EDGES[0])
+@example(_across_blocks())
 @example(EDGES[1])
 @example(EDGES[2])
 @example(EDGES[3])
@@ -66,6 +88,23 @@ def test_kernel_encoder_writes_the_reference_bytes(cases):
     byte-identical payloads."""
     with kernels():
         assert_encoders_agree(cases, DEVICE)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA, reason="counts compiled CUDA kernels")
+def test_kernel_encoder_compiles_once_whatever_the_number_of_tensors():
+    """Payloads of 1 to 33 tensors (tensor counts on both sides of powers of two) reuse
+    one compiled variant of each encoder kernel."""
+    from dte_codec import encode_kernel
+    tensor, change = EDGES[1][0]
+    for tensors in (1, 2, 3, 5, 9, 17, 33):
+        new = {f"t{i}": tensor.to(DEVICE) for i in range(tensors)}
+        changes = {name: Change(*(x.to(DEVICE) for x in attrs.astuple(change))) for name in new}
+        expected = encode_delta_per_tensor(new, changes, stream_id="s", base_version=0, version=1)
+        actual = encode_delta_batched(new, changes, stream_id="s", base_version=0, version=1)
+        assert bytes(expected) == bytes(actual)
+    for kernel in (encode_kernel._stats, encode_kernel._escape_counts, encode_kernel._write):
+        assert 1 == sum(len(caches[0]) for caches in kernel.device_caches.values())
 
 
 @EXAMPLES

@@ -1,18 +1,24 @@
 """The batched delta encoder's device work as three Triton kernels (``flat_encode``).
 
-The same statistics and body words as the torch ops of ``flat_encode.TorchFlat``, with no
-per-element temporaries: every kernel reads each changed element's index, previous index,
-new value and bounds straight from the change sets and tensors (their addresses in one
-table), and recomputes what it needs.
+The same statistics and body words as the torch ops of ``flat_encode.TorchFlat``. The
+flat space is laid out in blocks of ``BLOCK`` elements that each lie inside one tensor
+(a tensor's last block is padded), so a program finds its tensor with one load from a
+block -> tensor table and reads every per-tensor number once, as a scalar: no binary
+search, no per-element table reads, and no compile-time constant that depends on the
+number of tensors (a sync whose tensor count crosses a power of two recompiles
+nothing). Change sets and tensors are read in place through their addresses.
 
 1. ``_stats``: per tensor, gaps over a byte, invalid indices and the histogram of residue
-   widths, added per block with a handful of atomic adds (host sync 1 of the encoder).
+   widths, added per block with a handful of atomic adds (host sync 1 of the encoder);
+   per element one code byte (the residue width it needs, whether its gap is over a
+   byte), so the later kernels read one byte instead of the bounds.
 2. ``_escape_counts``: per block, how many GAP8 gaps and how many residues it escapes,
-   once the host has chosen the encodings; a prefix sum over the blocks then gives every
-   escape its rank without a pass over the elements.
+   from the code bytes, once the host has chosen the encodings; a prefix sum over the
+   blocks then gives every escape its rank without a pass over the elements.
 3. ``_write``: every field of every winning encoding, added into the zeroed body words
-   (``kernel_bits.put_fields``), five field streams per element; each element also
-   recomputes the next one's positions, to know where its word's run ends.
+   (``kernel_bits.put_fields``). Streams a tensor's encodings leave empty, and escape
+   streams of blocks without escapes, are skipped; an element's neighbour positions
+   follow from its own (and the next index), never from recomputing the neighbour.
 """
 
 from __future__ import annotations
@@ -26,9 +32,8 @@ import triton.language as tl
 
 from .dispatch import on_device
 from .fields import host_table
-from .header import RESIDUE_DTYPES, Header, IndexEncoding, ValueEncoding
-from .kernel_bits import (bit_length, block_positions, column, flags_before, load_int,
-                          order_key, put_fields, segment_of, width_mask)
+from .header import RESIDUE_DTYPES, IndexEncoding, ValueEncoding
+from .kernel_bits import bit_length, column, load_int, order_key, put_fields, width_mask
 
 if TYPE_CHECKING:
     from .flat_encode import Layout
@@ -36,21 +41,26 @@ if TYPE_CHECKING:
 BLOCK = 1024
 HIST_BINS = 64
 """Histogram bins per tensor; a residue needs at most 33 bits."""
+_NEED_MASK = tl.constexpr(63)
+_WIDE_BIT = tl.constexpr(64)
+"""A code byte: the residue width an element needs (< 64), plus this bit for a wide gap."""
+_MAX_GAP_BYTE = tl.constexpr(255)
 _INT64 = torch.int64
 
 # columns of the items table (one row per column, one entry per tensor)
-_START = tl.constexpr(0)
-_NUMEL = tl.constexpr(1)
-_BITS = tl.constexpr(2)
-_RESIDUE = tl.constexpr(3)
-_INDEX_AT = tl.constexpr(4)
-_INDEX_SIZE = tl.constexpr(5)
-_VALUE_AT = tl.constexpr(6)
-_SIZE = tl.constexpr(7)
-_LOW_AT = tl.constexpr(8)
-_HIGH_AT = tl.constexpr(9)
-# columns of the layout table: flat_encode.Layout.COLUMNS, then per tensor the escapes
-# (GAP8 gaps, residues) of the tensors before it
+_COUNT = tl.constexpr(0)
+_FIRST_BLOCK = tl.constexpr(1)
+_BLOCKS = 2
+_NUMEL = tl.constexpr(3)
+_BITS = tl.constexpr(4)
+_RESIDUE = tl.constexpr(5)
+_INDEX_AT = tl.constexpr(6)
+_INDEX_SIZE = tl.constexpr(7)
+_VALUE_AT = tl.constexpr(8)
+_SIZE = tl.constexpr(9)
+_LOW_AT = tl.constexpr(10)
+_HIGH_AT = tl.constexpr(11)
+# columns of the layout table: flat_encode.Layout.COLUMNS
 _ENC = tl.constexpr(0)
 _FIRST = tl.constexpr(1)
 _STRIDE = tl.constexpr(2)
@@ -64,140 +74,183 @@ _FIELDS = tl.constexpr(9)
 _POSITIONS = tl.constexpr(10)
 _POSITION_BITS = tl.constexpr(11)
 _RAW = tl.constexpr(12)
-_GAP_BASE = tl.constexpr(13)
-_VALUE_BASE = tl.constexpr(14)
 _E_GAP8 = tl.constexpr(IndexEncoding.GAP8.value)
 _E_BITMAP = tl.constexpr(IndexEncoding.BITMAP.value)
 _E_ELIAS_FANO = tl.constexpr(IndexEncoding.ELIAS_FANO.value)
-_V_RAW = tl.constexpr(ValueEncoding.RAW.value)
 _V_RESIDUE = tl.constexpr(ValueEncoding.RESIDUE.value)
 
 
 @triton.jit
-def _element(items, segments, k, valid, LOG: tl.constexpr):
-    """Per flat position: segment, rank, index, gap, the value's bit pattern, its order
-    key and the residue width it needs (0 for dtypes without residues)."""
-    seg = segment_of(items, segments, k, LOG)
-    rank = k - column(items, _START, segments, seg)
+def _block(items, block_seg, segments, BLOCK: tl.constexpr):
+    """This program's block, its tensor, its elements' ranks in that tensor, which of
+    them exist, and the tensor's element count."""
+    block = tl.program_id(0)
+    seg = tl.load(block_seg + block)
+    count = column(items, _COUNT, segments, seg)
+    first = column(items, _FIRST_BLOCK, segments, seg)
+    rank = (block - first) * BLOCK + tl.arange(0, BLOCK)
+    return block, seg, rank, rank < count, count
+
+
+@triton.jit
+def _index(items, segments, seg, rank, valid):
+    return load_int(column(items, _INDEX_AT, segments, seg), rank,
+                    column(items, _INDEX_SIZE, segments, seg), valid)
+
+
+@triton.jit
+def _pattern(items, segments, seg, idx, valid):
+    """The new value's unsigned bit pattern at each (clamped) index; an invalid index is
+    reported by the statistics, never read out of bounds."""
+    numel = column(items, _NUMEL, segments, seg)
+    safe = tl.minimum(tl.maximum(idx, 0), numel - 1)
+    mask = width_mask(column(items, _BITS, segments, seg))
+    return load_int(column(items, _VALUE_AT, segments, seg), safe,
+                    column(items, _SIZE, segments, seg), valid) & mask
+
+
+@triton.jit(do_not_specialize=["segments"])
+def _stats(items, block_seg, segments, codes, out, BLOCK: tl.constexpr, BINS: tl.constexpr):
+    block, seg, rank, valid, _ = _block(items, block_seg, segments, BLOCK)
+    idx = _index(items, segments, seg, rank, valid)
+    prev = tl.where(rank > 0, _index(items, segments, seg, rank - 1, valid & (rank > 0)), -1)
+    gap = idx - prev
     numel = column(items, _NUMEL, segments, seg)
     bits = column(items, _BITS, segments, seg)
-    at, size = column(items, _INDEX_AT, segments, seg), column(items, _INDEX_SIZE, segments, seg)
-    idx = load_int(at, rank, size, valid)
-    prev = tl.where(rank > 0, load_int(at, rank - 1, size, valid & (rank > 0)), -1)
-    # clamped: an invalid index is reported by the statistics, never read out of bounds
-    safe = tl.minimum(tl.maximum(idx, 0), numel - 1)
-    size = column(items, _SIZE, segments, seg)
-    mask = width_mask(bits)
-    pattern = load_int(column(items, _VALUE_AT, segments, seg), safe, size, valid) & mask
-    low = load_int(column(items, _LOW_AT, segments, seg), rank, size, valid) & mask
-    high = load_int(column(items, _HIGH_AT, segments, seg), rank, size, valid) & mask
     residue = column(items, _RESIDUE, segments, seg) != 0
-    key_bits = tl.where(residue, bits, 16)
+    pattern = _pattern(items, segments, seg, idx, valid)
+    # bounds are read for residue dtypes only; the others need no residue width
+    size, mask = column(items, _SIZE, segments, seg), width_mask(bits)
+    bounded = tl.where(residue, valid, False)  # see kernel_bits.load_int on scalar flags
+    low = load_int(column(items, _LOW_AT, segments, seg), rank, size, bounded) & mask
+    high = load_int(column(items, _HIGH_AT, segments, seg), rank, size, bounded) & mask
+    key_bits = tl.where(residue, bits, 16)  # keys of residue dtypes only are used
     key = order_key(pattern, key_bits)
-    above = key - order_key(low, key_bits) + 1
-    below = order_key(high, key_bits) - key
-    span = tl.maximum(tl.maximum(above, below), 1)
-    need = tl.where(residue, 1 + bit_length(span - 1), 0)
-    gap = idx - prev
-    return seg, rank, idx, numel, gap, bits, pattern, key, need
-
-
-@triton.jit(do_not_specialize=["segments", "total"])
-def _stats(items, segments, total, out, LOG: tl.constexpr, BLOCK: tl.constexpr,
-           BINS: tl.constexpr):
-    _, k, valid = block_positions(total, BLOCK)
-    seg, _, idx, numel, gap, _, _, _, need = _element(items, segments, k, valid, LOG)
-    wide = valid & (gap > 255)
+    span = tl.maximum(tl.maximum(key - order_key(low, key_bits) + 1,
+                                 order_key(high, key_bits) - key), 1)
+    need = tl.where(bounded, 1 + bit_length(span - 1), 0)
+    wide = valid & (gap > _MAX_GAP_BYTE)
     bad = valid & ((idx < 0) | (idx >= numel) | (gap <= 0))
+    code = need | tl.where(wide, _WIDE_BIT, 0)
+    tl.store(codes + block.to(tl.int64) * BLOCK + tl.arange(0, BLOCK), code.to(tl.uint8))
+    row = out + seg * (2 + BINS)
+    wides = tl.sum(wide.to(tl.int64))
+    bads = tl.sum(bad.to(tl.int64))
+    tl.atomic_add(row, wides, mask=wides > 0, sem="relaxed")
+    tl.atomic_add(row + 1, bads, mask=bads > 0, sem="relaxed")
     bins = tl.arange(0, BINS)
-    for s in range(tl.min(tl.where(valid, seg, segments)), tl.max(tl.where(valid, seg, 0)) + 1):
-        here = seg == s
-        row = out + s * (2 + BINS)
-        wides = tl.sum((here & wide).to(tl.int64))
-        bads = tl.sum((here & bad).to(tl.int64))
-        tl.atomic_add(row, wides, mask=wides > 0)
-        tl.atomic_add(row + 1, bads, mask=bads > 0)
-        hist = tl.histogram(tl.where(valid & here, need, BINS - 1).to(tl.int32), BINS)
-        tl.atomic_add(row + 2 + bins, hist.to(tl.int64), mask=(hist > 0) & (bins < BINS - 1))
+    hist = tl.histogram(tl.where(valid, need, BINS - 1).to(tl.int32), BINS)
+    tl.atomic_add(row + 2 + bins, hist.to(tl.int64), mask=(hist > 0) & (bins < BINS - 1),
+                  sem="relaxed")
 
 
 @triton.jit
-def _escapes(items, layout, segments, k, valid, LOG: tl.constexpr):
-    seg, rank, idx, _, gap, bits, pattern, key, need = _element(items, segments, k, valid, LOG)
-    enc = column(layout, _ENC, segments, seg)
-    venc = column(layout, _VENC, segments, seg)
-    vwidth = column(layout, _VWIDTH, segments, seg)
-    gap_escaped = valid & (enc == _E_GAP8) & (gap > 255)
-    value_escaped = valid & (venc == _V_RESIDUE) & (need > vwidth)
-    return (seg, rank, idx, gap, bits, pattern, key, enc, venc, vwidth, gap_escaped,
-            value_escaped)
+def _escaped(layout, segments, seg, code, valid):
+    """Per element, whether its gap (GAP8) and its value (RESIDUE) go to escape lists."""
+    gap = tl.where(column(layout, _ENC, segments, seg) == _E_GAP8,
+                   valid & ((code & _WIDE_BIT) != 0), False)
+    value = tl.where(column(layout, _VENC, segments, seg) == _V_RESIDUE,
+                     valid & ((code & _NEED_MASK) > column(layout, _VWIDTH, segments, seg)),
+                     False)
+    return gap, value
 
 
-@triton.jit(do_not_specialize=["segments", "total", "blocks"])
-def _escape_counts(items, layout, segments, total, counts, blocks, LOG: tl.constexpr,
+@triton.jit
+def _codes(codes, block, BLOCK: tl.constexpr):
+    return tl.load(codes + block.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)).to(tl.int64)
+
+
+@triton.jit(do_not_specialize=["segments", "blocks"])
+def _escape_counts(items, layout, block_seg, segments, codes, counts, blocks,
                    BLOCK: tl.constexpr):
-    block, k, valid = block_positions(total, BLOCK)
-    out = _escapes(items, layout, segments, k, valid, LOG)
-    tl.store(counts + block, tl.sum(out[10].to(tl.int64)))
-    tl.store(counts + blocks + block, tl.sum(out[11].to(tl.int64)))
+    block, seg, _, valid, _ = _block(items, block_seg, segments, BLOCK)
+    gap, value = _escaped(layout, segments, seg, _codes(codes, block, BLOCK), valid)
+    tl.store(counts + block, tl.sum(gap.to(tl.int64)))
+    tl.store(counts + blocks + block, tl.sum(value.to(tl.int64)))
 
 
 @triton.jit
-def _fields(layout, segments, element, gap_before, value_before):
-    """An element's five fields (bit position, value, width), one per field stream; an
-    element with nothing in a stream gives width 0 at the stream's next position."""
-    (seg, rank, idx, gap, bits, pattern, key, enc, venc, vwidth, gap_escaped,
-     value_escaped) = element
-    gap_before -= column(layout, _GAP_BASE, segments, seg)
-    value_before -= column(layout, _VALUE_BASE, segments, seg)
-    is_gap = enc == _E_GAP8
+def _before(before, block, first, flags):
+    """Per element, the flags set before it in its tensor: the prefix over blocks at this
+    block minus the one at the tensor's first block, plus those ahead of it here."""
+    flags = flags.to(tl.int64)
+    return tl.load(before + block) - tl.load(before + first) + tl.cumsum(flags, 0) - flags
+
+
+@triton.jit
+def _write_indices(items, layout, segments, seg, words, rank, valid, has_next, idx, code, gaps,
+                   any_escaped):
+    """The index sections: raw index, gap byte, low bits or bitmap bit; then escaped gaps
+    (``gaps``: per element, the GAP8 escapes before it) or the Elias-Fano upper bits."""
+    enc = column(layout, _ENC, segments, seg)
+    nxt = _index(items, segments, seg, rank + 1, has_next)
+    prev = tl.where(rank > 0, _index(items, segments, seg, rank - 1, valid & (rank > 0)), -1)
+    gap = idx - prev
+    wide = (code & _WIDE_BIT) != 0
+    first = column(layout, _FIRST, segments, seg)
+    stride = column(layout, _STRIDE, segments, seg)
     is_bitmap = enc == _E_BITMAP
-    is_ef = enc == _E_ELIAS_FANO
-    # first index section: raw index, gap byte, Elias-Fano low bits or bitmap bit
-    pos1 = column(layout, _FIRST, segments, seg) + tl.where(
-        is_bitmap, idx, rank * column(layout, _STRIDE, segments, seg))
-    value1 = tl.where(is_gap, tl.where(gap > 255, 0, gap), tl.where(is_bitmap, 1, idx))
-    width1 = column(layout, _WIDTH, segments, seg)
-    # second index section: escaped gaps, or the Elias-Fano upper bits
+    pos = first + tl.where(is_bitmap, idx, rank * stride)
+    after = first + tl.where(is_bitmap, nxt, (rank + 1) * stride)
+    value = tl.where(enc == _E_GAP8, tl.where(wide, 0, gap), tl.where(is_bitmap, 1, idx))
+    put_fields(words, pos, value, column(layout, _WIDTH, segments, seg), valid, after, has_next)
     second = column(layout, _SECOND, segments, seg)
-    escape_bits = column(layout, _ESCAPE_BITS, segments, seg)
-    low_width = column(layout, _LOW_WIDTH, segments, seg)
-    pos2 = tl.where(is_gap, second + gap_before * escape_bits,
-                    tl.where(is_ef, second + (idx >> low_width) + rank, second))
-    width2 = tl.where(gap_escaped, escape_bits, is_ef.to(tl.int64))
-    # residue fields of the values not escaped, then escape positions
-    pos3 = column(layout, _FIELDS, segments, seg) + (rank - value_before) * vwidth
-    width3 = tl.where(value_escaped, 0, vwidth)
-    position_bits = column(layout, _POSITION_BITS, segments, seg)
-    pos4 = column(layout, _POSITIONS, segments, seg) + value_before * position_bits
-    width4 = tl.where(value_escaped, position_bits, 0)
-    # raw values: every value of a RAW entry, the escaped ones of a RESIDUE entry
-    residue = venc == _V_RESIDUE
-    item_bits = tl.where(venc >= 0, bits, 0)
-    pos5 = column(layout, _RAW, segments, seg) + tl.where(residue, value_before, rank) * item_bits
-    width5 = tl.where((venc == _V_RAW) | value_escaped, item_bits, 0)
-    return (pos1, value1, width1, pos2, tl.where(is_gap, gap, 1), width2, pos3, key, width3,
-            pos4, rank, width4, pos5, pattern, width5)
+    if enc == _E_ELIAS_FANO:
+        low_width = column(layout, _LOW_WIDTH, segments, seg)
+        put_fields(words, second + (idx >> low_width) + rank, idx * 0 + 1, valid.to(tl.int64),
+                   valid, second + (nxt >> low_width) + rank + 1, has_next)
+    if any_escaped:
+        bits = column(layout, _ESCAPE_BITS, segments, seg)
+        escaped = valid & wide
+        put_fields(words, second + gaps * bits, gap, tl.where(escaped, bits, 0), valid,
+                   second + (gaps + escaped.to(tl.int64)) * bits, has_next)
 
 
-@triton.jit(do_not_specialize=["segments", "total", "blocks"])
-def _write(items, layout, segments, total, before, blocks, words, LOG: tl.constexpr,
+@triton.jit
+def _write_values(items, layout, segments, seg, words, rank, valid, has_next, idx, escaped,
+                  values, any_escaped):
+    """Residue fields of the values not escaped, escape positions and raw values (every
+    value of a RAW entry, the escaped ones of a RESIDUE entry)."""
+    pattern = _pattern(items, segments, seg, idx, valid)
+    bits = column(items, _BITS, segments, seg)
+    raw = column(layout, _RAW, segments, seg)
+    if column(layout, _VENC, segments, seg) == _V_RESIDUE:
+        width = column(layout, _VWIDTH, segments, seg)
+        fields = column(layout, _FIELDS, segments, seg)
+        more = values + escaped.to(tl.int64)
+        put_fields(words, fields + (rank - values) * width, order_key(pattern, bits),
+                   tl.where(escaped, 0, width), valid, fields + (rank + 1 - more) * width,
+                   has_next)
+        if any_escaped:
+            positions = column(layout, _POSITIONS, segments, seg)
+            position_bits = column(layout, _POSITION_BITS, segments, seg)
+            put_fields(words, positions + values * position_bits, rank,
+                       tl.where(escaped, position_bits, 0), valid,
+                       positions + more * position_bits, has_next)
+            put_fields(words, raw + values * bits, pattern, tl.where(escaped, bits, 0), valid,
+                       raw + more * bits, has_next)
+    else:
+        put_fields(words, raw + rank * bits, pattern, bits, valid, raw + (rank + 1) * bits,
+                   has_next)
+
+
+@triton.jit(do_not_specialize=["segments", "blocks"])
+def _write(items, layout, block_seg, segments, codes, counts, before, blocks, words,
            BLOCK: tl.constexpr):
-    block, k, valid = block_positions(total, BLOCK)
-    # the next element, in this block, tells each element whether its word's run ends
-    has_next = (k + 1 < total) & (tl.arange(0, BLOCK) < BLOCK - 1)
-    here = _escapes(items, layout, segments, k, valid, LOG)
-    there = _escapes(items, layout, segments, k + 1, has_next, LOG)
-    gaps = flags_before(before, block, here[10])
-    values = flags_before(before + blocks, block, here[11])
-    a = _fields(layout, segments, here, gaps, values)
-    b = _fields(layout, segments, there, gaps + here[10].to(tl.int64),
-                values + here[11].to(tl.int64))
-    put_fields(words, a[0], a[1], a[2], valid, b[0], has_next)
-    put_fields(words, a[3], a[4], a[5], valid, b[3], has_next)
-    put_fields(words, a[6], a[7], a[8], valid, b[6], has_next)
-    put_fields(words, a[9], a[10], a[11], valid, b[9], has_next)
-    put_fields(words, a[12], a[13], a[14], valid, b[12], has_next)
+    block, seg, rank, valid, count = _block(items, block_seg, segments, BLOCK)
+    if column(layout, _ENC, segments, seg) >= 0:  # dense entries are copied in afterwards
+        # the next element, in this block, tells each element whether its word's run ends
+        has_next = (tl.arange(0, BLOCK) < BLOCK - 1) & (rank + 1 < count)
+        code = _codes(codes, block, BLOCK)
+        gap, value = _escaped(layout, segments, seg, code, valid)
+        first = column(items, _FIRST_BLOCK, segments, seg)
+        gaps = _before(before, block, first, gap)
+        values = _before(before + blocks, block, first, value)
+        idx = _index(items, segments, seg, rank, valid)
+        _write_indices(items, layout, segments, seg, words, rank, valid, has_next, idx, code,
+                       gaps, tl.load(counts + block) > 0)
+        _write_values(items, layout, segments, seg, words, rank, valid, has_next, idx, value,
+                      values, tl.load(counts + blocks + block) > 0)
 
 
 class FusedFlat:
@@ -205,27 +258,28 @@ class FusedFlat:
 
     def __init__(self, tensors: Sequence[torch.Tensor], changes: Sequence, device: torch.device):
         counts = [c.indices.numel() for c in changes]
-        self.total, self.segments, self.device = sum(counts), len(counts), device
-        self.log = max(self.segments - 1, 0).bit_length()
+        self.segments, self.device = len(counts), device
         # kept alive until the kernels that read them through their addresses are queued
-        self._keep = [(t.detach().reshape(-1).contiguous(), _indices(c, device),
-                       c.base_low.to(device).contiguous(), c.base_high.to(device).contiguous())
-                      for t, c in zip(tensors, changes)]
-        starts, at = [], 0
-        for count in counts:
-            starts.append(at)
-            at += count
-        rows = [starts, [t.numel() for t, *_ in self._keep],
-                [t.element_size() * 8 for t, *_ in self._keep],
-                [int(t.dtype in RESIDUE_DTYPES) for t, *_ in self._keep],
-                [i.data_ptr() for _, i, _, _ in self._keep],
-                [i.element_size() for _, i, _, _ in self._keep],
-                [t.data_ptr() for t, *_ in self._keep],
-                [t.element_size() for t, *_ in self._keep],
-                [lo.data_ptr() for *_, lo, _ in self._keep],
-                [hi.data_ptr() for *_, hi in self._keep]]
+        self._keep = [(_in_place(t, device), _indices(c, device), _in_place(c.base_low, device),
+                       _in_place(c.base_high, device)) for t, c in zip(tensors, changes)]
+        blocks = [triton.cdiv(count, BLOCK) for count in counts]
+        firsts, at = [], 0
+        for n in blocks:
+            firsts.append(at)
+            at += n
+        self.blocks = at
+        rows = [counts, firsts, blocks] + [[] for _ in range(_HIGH_AT + 1 - _NUMEL)]
+        for t, i, lo, hi in self._keep:
+            size = t.element_size()
+            for row, value in zip(rows[_NUMEL:], (
+                    t.numel(), size * 8, int(t.dtype in RESIDUE_DTYPES), i.data_ptr(),
+                    i.element_size(), t.data_ptr(), size, lo.data_ptr(), hi.data_ptr())):
+                row.append(value)
         self.items = host_table(rows, device)
-        self.blocks = triton.cdiv(self.total, BLOCK)
+        self.block_seg = torch.repeat_interleave(
+            torch.arange(self.segments, device=device), self.items[_BLOCKS],
+            output_size=self.blocks)
+        self.codes = torch.empty(self.blocks * BLOCK, dtype=torch.uint8, device=device)
 
     def stats(self, bins: int) -> torch.Tensor:
         """On the host, per tensor: gaps over a byte, invalid indices, and the histogram
@@ -233,37 +287,35 @@ class FusedFlat:
         out = torch.zeros(self.segments, 2 + HIST_BINS, dtype=_INT64, device=self.device)
         if self.blocks:
             with on_device(self.device):
-                _stats[(self.blocks,)](self.items, self.segments, self.total, out,
-                                       LOG=self.log, BLOCK=BLOCK, BINS=HIST_BINS)
+                _stats[(self.blocks,)](self.items, self.block_seg, self.segments, self.codes,
+                                       out, BLOCK=BLOCK, BINS=HIST_BINS)
         return torch.cat([out[:, 0], out[:, 1], out[:, 2:2 + bins].reshape(-1)]).cpu()
 
-    def write(self, header: Header, layout: Layout) -> torch.Tensor:
-        """The body of ``header`` as uint8 on the device, dense entries left zero."""
-        entries = header.entries
-        gap_base, value_base, gaps, values = [], [], 0, 0
-        for entry in entries:
-            gap_base.append(gaps)
-            value_base.append(values)
-            gaps += entry.index_escapes
-            values += entry.value_escapes
-        table = torch.cat([layout.table, host_table([gap_base, value_base], self.device)])
-        words = torch.zeros(header.body_size() // 8, dtype=_INT64, device=self.device)
-        if not self.blocks:
-            return words.view(torch.uint8)
-        counts = torch.empty(2, self.blocks, dtype=_INT64, device=self.device)
-        grid = (self.blocks,)
-        with on_device(self.device):
-            _escape_counts[grid](self.items, table, self.segments, self.total, counts,
-                                 self.blocks, LOG=self.log, BLOCK=BLOCK)
-            before = torch.cumsum(counts, 1) - counts
-            _write[grid](self.items, table, self.segments, self.total, before, self.blocks,
-                         words, LOG=self.log, BLOCK=BLOCK)
-        return words.view(torch.uint8)
+    def write(self, layout: Layout) -> torch.Tensor:
+        """The body laid out by ``layout`` as uint8 on the device, dense entries left zero."""
+        words = layout.size // 8
+        # one spare word: an element past its stream's last field adds zero just past it
+        body = torch.zeros(words + 1, dtype=_INT64, device=self.device)
+        if self.blocks:
+            counts = torch.empty(2, self.blocks, dtype=_INT64, device=self.device)
+            args = (self.items, layout.table, self.block_seg, self.segments, self.codes)
+            with on_device(self.device):
+                _escape_counts[(self.blocks,)](*args, counts, self.blocks, BLOCK=BLOCK)
+                before = torch.cumsum(counts, 1) - counts
+                _write[(self.blocks,)](*args, counts, before, self.blocks, body, BLOCK=BLOCK)
+        return body[:words].view(torch.uint8)
+
+
+def _in_place(values: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """``values`` as contiguous on ``device``: itself when it already is (the usual case;
+    a call per tensor and sync counts, so no-op conversions are skipped)."""
+    if values.device == device and values.is_contiguous():
+        return values
+    return values.to(device).contiguous()
 
 
 def _indices(change, device: torch.device) -> torch.Tensor:
-    indices = change.indices.reshape(-1).to(device)
+    indices = change.indices
     if indices.dtype not in (torch.int32, torch.int64):
         indices = indices.to(_INT64)
-    return indices.contiguous()
-
+    return _in_place(indices, device)

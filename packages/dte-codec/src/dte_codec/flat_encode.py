@@ -17,8 +17,8 @@ payload whatever the number of tensors:
    to the host (sync 2).
 
 On a GPU with Triton (``dispatch.fused``) the device work is three fused kernels
-(``encode_kernel``) that read the change sets and tensors in place: no per-element
-temporaries, a fixed number of launches, the body as the only large buffer. Elsewhere
+(``encode_kernel``) that read the change sets and tensors in place: one byte per element
+as the only temporary, a fixed number of launches, the body as the only large buffer. Elsewhere
 (and under ``dispatch.reference()``) ``TorchFlat`` does it with torch ops: one gather of
 new values per tensor and about a dozen int64 temporaries per element. Both write the
 same bytes as the reference. A change set that fails validation sends the call down the
@@ -35,8 +35,8 @@ import torch
 
 from .bits import BYTE_BITS, bit_length, order_keys_by_width, width_mask
 from .fields import Body, Segments, host_table
-from .header import (DTYPE_CODES, MAX_NAME_BYTES, RESIDUE_DTYPES, Entry, Header,
-                     IndexEncoding, Kind, ValueEncoding, align, index_itemsize)
+from .header import (DTYPE_CODES, MAX_NAME_BYTES, RESIDUE_DTYPES, Entry, IndexEncoding, Kind,
+                     ValueEncoding, align, index_itemsize)
 from .indices import MAX_GAP_BYTE, choose_indices
 from .dispatch import fused
 from .parts import checked_header, seal
@@ -48,6 +48,9 @@ if TYPE_CHECKING:
     from .frame import Frame
 
 _INT64 = torch.int64
+_VALUE_SECTIONS = {ValueEncoding.RAW: 1, ValueEncoding.RESIDUE: 3}
+"""Sections per value encoding (``Entry.value_sections``): raw values; residue fields,
+escape positions and escaped raw values."""
 
 
 @attrs.frozen
@@ -87,7 +90,7 @@ def encode_delta_flat(items: Sequence[tuple[str, torch.Tensor, ChangeSet]], *, s
     header = checked_header(entries, stream_id=stream_id, kind=Kind.DELTA,
                             base_version=base_version, version=version)
     layout = Layout.of(header.entries, device)
-    body = flat.write(header, layout)
+    body = flat.write(layout)
     for entry, item, offset in zip(header.entries, todo, layout.dense_offsets):
         if entry.index_encoding == IndexEncoding.DENSE:
             data = item.tensor.detach().contiguous().reshape(-1).view(torch.uint8)
@@ -157,9 +160,9 @@ class TorchFlat:
         hist = segs.histogram(self.need, bins).reshape(-1)
         return torch.cat([segs.sums(self.wide), segs.sums(self.bad), hist]).cpu()
 
-    def write(self, header: Header, layout: Layout) -> torch.Tensor:
-        """The body of ``header`` as uint8 on the device, dense entries left zero."""
-        body = Body(header.body_size(), self.segs.total, self.idx.device)
+    def write(self, layout: Layout) -> torch.Tensor:
+        """The body laid out by ``layout`` as uint8 on the device, dense entries left zero."""
+        body = Body(layout.size, self.segs.total, self.idx.device)
         home = self._write_indices(body, layout)
         self._write_values(body, layout, home)
         return body.bytes()
@@ -211,6 +214,8 @@ class Layout:
     names: tuple[str, ...]
     table: torch.Tensor
     dense_offsets: tuple[int, ...]
+    size: int
+    """The body's size in bytes (``Header.body_size``, summed here once)."""
 
     COLUMNS = ("index_encoding", "first", "stride", "width", "second", "escape_bits",
                "low_width", "value_encoding", "value_width", "fields", "positions",
@@ -220,15 +225,16 @@ class Layout:
     def of(cls, entries: Sequence[Entry], device: torch.device) -> Layout:
         rows, dense, offset = [], [], 0
         for entry in entries:
+            sizes = entry.section_sizes()  # once per entry: a few microseconds each
             starts = []
-            for size in entry.section_sizes():
+            for size in sizes:
                 starts.append(offset * BYTE_BITS)
                 offset += align(size)
-            rows.append(_row(entry, starts))
+            rows.append(_row(entry, starts, len(sizes) - _VALUE_SECTIONS[entry.value_encoding]))
             is_dense = entry.index_encoding == IndexEncoding.DENSE
             dense.append(starts[0] // BYTE_BITS if is_dense else -1)
         columns = [list(column) for column in zip(*rows)]
-        return cls(cls.COLUMNS, host_table(columns, device), tuple(dense))
+        return cls(cls.COLUMNS, host_table(columns, device), tuple(dense), offset)
 
     def column(self, segs: Segments):
         def gather(name: str) -> torch.Tensor:
@@ -236,22 +242,22 @@ class Layout:
         return gather
 
 
-def _row(entry: Entry, starts: list[int]) -> tuple[int, ...]:
-    """One entry's columns of ``Layout.COLUMNS``; ``starts``: its sections' bit offsets."""
-    enc, item_bits = entry.index_encoding, entry.itemsize * BYTE_BITS
+def _row(entry: Entry, starts: list[int], index_sections: int) -> tuple[int, ...]:
+    """One entry's columns of ``Layout.COLUMNS``; ``starts``: its sections' bit offsets,
+    the first ``index_sections`` of them the index's."""
+    enc, item_bits = entry.index_encoding, entry.dtype.itemsize * BYTE_BITS
+    first = starts[0]
     if enc == IndexEncoding.DENSE:
-        return (-1, starts[0], item_bits, 0, starts[0], 0, 0, -1, 0, starts[0], starts[0], 0,
-                starts[0])
+        return (-1, first, item_bits, 0, first, 0, 0, -1, 0, first, first, 0, first)
     raw_bits = index_itemsize(entry.numel) * BYTE_BITS
-    first, width, stride = {
-        IndexEncoding.INT32: (starts[0], raw_bits, raw_bits),
-        IndexEncoding.INT64: (starts[0], raw_bits, raw_bits),
-        IndexEncoding.GAP8: (starts[0], BYTE_BITS, BYTE_BITS),
-        IndexEncoding.ELIAS_FANO: (starts[0], entry.index_width, entry.index_width),
-        IndexEncoding.BITMAP: (starts[0], 1, 0),
-    }[enc]
-    second = starts[1] if len(entry.index_sections()) > 1 else first
-    values = starts[len(entry.index_sections()):]
+    if enc == IndexEncoding.BITMAP:
+        width, stride = 1, 0
+    else:
+        width = {IndexEncoding.GAP8: BYTE_BITS,
+                 IndexEncoding.ELIAS_FANO: entry.index_width}.get(enc, raw_bits)
+        stride = width
+    second = starts[1] if index_sections > 1 else first
+    values = starts[index_sections:]
     if entry.value_encoding == ValueEncoding.RAW:
         fields = positions = raw = values[0]
     else:

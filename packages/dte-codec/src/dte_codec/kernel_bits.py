@@ -4,8 +4,9 @@ and ``fields.py``, per element inside a kernel.
 A kernel program takes ``BLOCK`` consecutive elements of a flat index space cut into
 segments (one per payload entry). Per-segment numbers sit in an int64 table of
 ``columns x segments`` (``column(table, c, segments, seg)``); an element finds its segment
-by a binary search over the first column (the segments' flat starts), so no per-element
-segment array is ever materialized. Tensors of different entries are reached through
+by a binary search over the first column (the segments' flat starts, ``segment_of``), or,
+where each block lies inside one segment (the encoder's layout), the program reads its
+segment once from a block -> segment table. Tensors of different entries are reached through
 their addresses in the table (``load_int``), so one launch covers every tensor.
 
 ``put_fields`` adds bit fields into int64 body words with two atomic adds per run of
@@ -95,11 +96,17 @@ def column(table, c, segments, seg):
 @triton.jit
 def load_int(address, at, size, mask):
     """Element ``at`` of the tensor at ``address`` with ``size``-byte items (1, 2, 4 or 8),
-    as int64 (1-byte items zero-extended, the others sign-extended)."""
-    one = tl.load(address.to(tl.pointer_type(tl.uint8)) + at, mask=mask & (size == 1), other=0)
-    two = tl.load(address.to(tl.pointer_type(tl.int16)) + at, mask=mask & (size == 2), other=0)
-    four = tl.load(address.to(tl.pointer_type(tl.int32)) + at, mask=mask & (size == 4), other=0)
-    eight = tl.load(address.to(tl.pointer_type(tl.int64)) + at, mask=mask & (size == 8), other=0)
+    as int64 (1-byte items zero-extended, the others sign-extended). ``address`` and
+    ``size`` may be scalars (``tl.where``, not ``&``: Triton's interpreter types a scalar
+    flag ANDed with a block of flags as int64, which a mask refuses)."""
+    one = tl.load(address.to(tl.pointer_type(tl.uint8)) + at, mask=tl.where(size == 1, mask, False),
+                  other=0)
+    two = tl.load(address.to(tl.pointer_type(tl.int16)) + at, mask=tl.where(size == 2, mask, False),
+                  other=0)
+    four = tl.load(address.to(tl.pointer_type(tl.int32)) + at,
+                   mask=tl.where(size == 4, mask, False), other=0)
+    eight = tl.load(address.to(tl.pointer_type(tl.int64)) + at,
+                    mask=tl.where(size == 8, mask, False), other=0)
     return tl.where(size == 1, one.to(tl.int64),
                     tl.where(size == 2, two.to(tl.int64),
                              tl.where(size == 4, four.to(tl.int64), eight)))
@@ -128,18 +135,20 @@ def put_fields(words, pos, value, width, valid, next_pos, has_next):
     element adds the prefix sum at itself to its word and subtracts it from the next
     run's word: two atomic adds per run, whatever the number of fields in it, and every
     word ends up as the sum (wrapping int64, exact) of its fields. Nothing else may write
-    the words with another operation while fields are added.
+    the words with another operation while fields are added. The adds commute and nothing
+    reads the words before the kernel ends, so they are relaxed (Triton's default,
+    acquire-release, orders every add against all other memory traffic).
     """
     word = pos >> 6
     shift = pos & 63
     field = value & width_mask(width)
     total = tl.cumsum(tl.where(valid, field << shift, 0), 0)
     ends = valid & ~(has_next & ((next_pos >> 6) == word))
-    tl.atomic_add(words + word, total, mask=ends)
-    tl.atomic_add(words + (next_pos >> 6), -total, mask=ends & has_next)
+    tl.atomic_add(words + word, total, mask=ends, sem="relaxed")
+    tl.atomic_add(words + (next_pos >> 6), -total, mask=ends & has_next, sem="relaxed")
     straddles = valid & (shift + width > 64)
     high = shift_right(field, tl.where(straddles, 64 - shift, 0))
-    tl.atomic_add(words + word + 1, high, mask=straddles & (high != 0))
+    tl.atomic_add(words + word + 1, high, mask=straddles & (high != 0), sem="relaxed")
 
 
 @triton.jit
