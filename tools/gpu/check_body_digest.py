@@ -8,6 +8,7 @@
    bandwidth over the bytes it reads, against the copy's (read + write).
 3. A full frame of ``--gib`` GiB of bf16 weights: ``encode_full`` (views + digest),
    ``decode`` (digest check) and the apply copy, against a plain copy of all weights.
+4. The frame path's host time: ``encode_full`` and ``decode`` of as many tiny tensors.
 
 Prints one Markdown row per part and writes ``body_digest.json`` under ``--out``.
 
@@ -25,8 +26,9 @@ from pathlib import Path
 
 import torch
 from dte_codec import apply_, decode, encode_full
-from dte_codec.body_digest import CHUNK_WORDS, WORD_BYTES, body_digest, segment_digest_torch
-from dte_codec.body_digest_kernel import segment_digest_cuda
+from dte_codec.body_digest import CHUNK_WORDS, Run, as_words, body_digest, words_digest_torch
+from dte_codec.body_digest_kernel import runs_digest_triton
+from dte_codec.dispatch import reference
 
 
 def timed(fn, reps: int = 5) -> float:
@@ -43,15 +45,24 @@ def timed(fn, reps: int = 5) -> float:
 
 
 def check(gen: torch.Generator) -> int:
-    """Cases where the kernel and the reference disagree (0 expected)."""
+    """Cases where the kernel and the reference disagree, or where one flipped byte goes
+    unseen (0 expected)."""
     bad = 0
-    for size in (1, 3, 4, 7, 8, 4095, 4096 * 8 + 5, 1 << 20, (1 << 22) + 3):
+    for size in (1, 3, 4, 7, 8, 4095, 4096 * 8 + 5, 1 << 20, (1 << 22) + 3, 3 << 24):
         body = torch.randint(0, 256, (size,), dtype=torch.uint8, device="cuda", generator=gen)
+        words = as_words(body)
         for first in (0, 1, 2**31 - 3, 2**32 + 11):
-            bad += int(segment_digest_cuda(body, first)) != int(segment_digest_torch(body, first))
+            runs = [Run(words, first), Run(words[: words.numel() // 3], first + 7)]
+            torch_digest = int(sum(words_digest_torch(r.words, r.first_word) for r in runs))
+            bad += int(runs_digest_triton(runs)) != torch_digest
         cuts = sorted(torch.randint(0, size + 1, (3,), generator=gen, device="cuda").tolist())
         pieces = [body[a:b] for a, b in zip([0, *cuts], [*cuts, size])]
-        bad += body_digest(pieces) != body_digest([body.cpu()])
+        digest = body_digest(pieces)
+        with reference():
+            bad += digest != body_digest(pieces)
+        bad += digest != body_digest([body.cpu()])
+        body[size // 2] ^= 1
+        bad += digest == body_digest(pieces)
     return bad
 
 
@@ -61,13 +72,24 @@ def speed(gib: float, segments: int) -> dict:
               for _ in range(segments)]
     copies = [torch.empty_like(b) for b in bodies]
     kernel = timed(lambda: body_digest(bodies))
-    chunk = bodies[0][:CHUNK_WORDS * WORD_BYTES]
-    torch_ms = timed(lambda: int(segment_digest_torch(chunk, 0))) * (total * segments
-                                                                     / chunk.numel())
+    chunk = as_words(bodies[0])[:CHUNK_WORDS]
+    torch_ms = timed(lambda: int(words_digest_torch(chunk, 0))) * (total * segments
+                                                                   / chunk.numel() / 4)
     copy = timed(lambda: [c.copy_(b) for c, b in zip(copies, bodies)])
     nbytes = total * segments
     return {"bytes": nbytes, "kernel_ms": kernel, "torch_ms_scaled": torch_ms, "copy_ms": copy,
             "kernel_tbps": nbytes / kernel / 1e9, "copy_tbps": 2 * nbytes / copy / 1e9}
+
+
+def host_frame(tensors: int) -> dict:
+    """The frame path's host cost: ``encode_full`` and ``decode`` of ``tensors`` tiny
+    tensors, whose device work is negligible."""
+    weights = {f"w{i}": torch.zeros(256, device="cuda", dtype=torch.bfloat16)
+               for i in range(tensors)}
+    frame = encode_full(weights, stream_id="s", version=1)
+    return {"tensors": tensors,
+            "encode_ms": timed(lambda: encode_full(weights, stream_id="s", version=1), reps=9),
+            "decode_ms": timed(lambda: decode(frame), reps=9)}
 
 
 def full_frame(gib: float, tensors: int) -> dict:
@@ -99,6 +121,7 @@ def main() -> int:
     results = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
                "mismatches": check(gen), "digest": speed(a.gib, a.segments)}
     results["full_frame"] = full_frame(a.gib, a.segments)
+    results["host_frame"] = h = host_frame(a.segments)
     d, f = results["digest"], results["full_frame"]
     print(f"| digest | {d['bytes'] / 1e9:.2f} GB in {a.segments} segments | kernel "
           f"{d['kernel_ms']:.2f} ms ({d['kernel_tbps']:.2f} TB/s read) | torch ~"
@@ -108,6 +131,8 @@ def main() -> int:
           f"{f['decode_ms']:.2f} ms | encode+decode+apply {f['full_sync_ms']:.2f} ms | copy "
           f"{f['copy_ms']:.2f} ms | x{f['ratio_to_copy']:.2f} | views {f['segments_are_weights']}"
           f" | bitwise {f['bitwise']} |")
+    print(f"| frame host | {h['tensors']} tiny tensors | encode_full {h['encode_ms']:.2f} ms | "
+          f"decode {h['decode_ms']:.2f} ms |")
     if a.out:
         a.out.mkdir(parents=True, exist_ok=True)
         (a.out / "body_digest.json").write_text(json.dumps(results, indent=2))

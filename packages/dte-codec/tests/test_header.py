@@ -123,7 +123,7 @@ def test_header_digest_ignores_its_own_field():
     (b"", "prelude: expected 58 bytes at offset 0, got 0 bytes in all"),
     (b"DTEP" + bytes(52), "prelude: expected 58 bytes at offset 0, got 56 bytes in all"),
     (_forge(magic=b"PETD"), "magic: expected b'DTEP', got b'PETD'"),
-    (_forge(version=1), "codec_version: expected 2, got 1"),
+    (_forge(version=2), "codec_version: expected 3, got 2"),
     (_forge(reserved=1), "reserved: expected 0, got 1"),
     (_forge(length=57), "header_length: expected 58..64, got 57"),
     (_forge(length=65), "header_length: expected 58..64, got 65"),
@@ -256,12 +256,12 @@ def test_header_error_carries_fields():
 
 
 GOLDEN_FULL = bytes.fromhex(
-    # prelude: magic, codec version 2, kind FULL, reserved, header length 145, 2 entries
-    "44544550" "0200" "00" "00" "91000000" "02000000"
+    # prelude: magic, codec version 3, kind FULL, reserved, header length 145, 2 entries
+    "44544550" "0300" "00" "00" "91000000" "02000000"
     # base version -1, payload version 3, body length 16, header digest (xxh3-64),
     # stream length 1, body digest (keyed multilinear, FORMAT.md section 3)
-    "ffffffffffffffff" "0300000000000000" "1000000000000000" "26d7c6ccfb3fe34c" "0100"
-    "80fc80f8019e6111"
+    "ffffffffffffffff" "0300000000000000" "1000000000000000" "a5f5dd4e1971b7cd" "0100"
+    "8068e4a1e4183678"
     "73"  # stream id "s"
     # entry "w": dtype 1 (bf16), ndim 1, DENSE, RAW, widths 0, reserved, count 3, escapes 0
     "0100" "77" "01" "01" "00" "00" "00" "00" "0000" "0300000000000000"
@@ -275,9 +275,9 @@ GOLDEN_FULL = bytes.fromhex(
 )
 GOLDEN_DELTA = bytes.fromhex(
     # prelude: kind DELTA, header length 102, 1 entry, base 3, payload 4, body 16
-    "44544550" "0200" "01" "00" "66000000" "01000000"
-    "0300000000000000" "0400000000000000" "1000000000000000" "bb5280f277e2f353" "0100"
-    "02000000786deed8"  # body digest: 2 * k_0, the body's only nonzero word being 2
+    "44544550" "0300" "01" "00" "66000000" "01000000"
+    "0300000000000000" "0400000000000000" "1000000000000000" "b5a790f0b2e02fa0" "0100"
+    "ea43640601000000"  # body digest: 2 * k_0, the body's only nonzero word being 2
     "73"
     # entry "w": bf16, ndim 1, GAP8, RESIDUE, index width 0, value width 1, count 1
     "0100" "77" "01" "01" "04" "01" "00" "01" "0000" "0100000000000000"

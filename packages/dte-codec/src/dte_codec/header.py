@@ -18,7 +18,7 @@ import xxhash
 from .errors import DigestError, HeaderError
 
 MAGIC = b"DTEP"
-CODEC_VERSION = 2
+CODEC_VERSION = 3
 ALIGNMENT = 8
 NO_BASE = -1
 MAX_NDIM = 16

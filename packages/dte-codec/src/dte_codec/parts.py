@@ -117,7 +117,7 @@ def checked_header(entries: Sequence[Entry], *, stream_id: str, kind: Kind, base
 
 def seal(header: Header, *segments: torch.Tensor) -> Frame:
     """The frame of ``header`` and the body made of ``segments`` (uint8, one device),
-    with both digests set: the body's computed where it lives, one pass per segment
+    with both digests set: the body's computed where it lives, one pass over all segments
     (one host synchronization)."""
     segments = tuple(s.reshape(-1) for s in segments)
     assert sum(s.numel() for s in segments) == header.body_size(), "body does not fit header"
