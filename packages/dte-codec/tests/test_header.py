@@ -316,3 +316,32 @@ def test_golden_delta_bytes():
     assert Entry(name="w", dtype=torch.bfloat16, shape=(3,), count=1,
                  index_encoding=IndexEncoding.GAP8, value_encoding=ValueEncoding.RESIDUE,
                  value_width=1) == payload.header.entries[0]
+
+
+def test_a_table_read_before_is_reused_and_a_changed_one_is_read_afresh():
+    """The entry tables a reader remembers are keyed by their exact bytes: reading the
+    same table again gives an equal header, and a table that differs in one byte (here
+    the dtype code of its entry, digest fixed) is parsed and refused as if never seen."""
+    data = bytearray(_with_body(_header(SPARSE)))
+    first, _ = Header.unpack(memoryview(bytes(data)))
+    again, _ = Header.unpack(memoryview(bytes(data)))
+    assert first == again
+    dtype_at = bytes(data).index(b"w") + 1
+    data[dtype_at] = 99
+    with pytest.raises(HeaderError) as info:
+        Header.unpack(memoryview(redigest(bytes(data))))
+    assert "tensor 'w': dtype: expected one of [1, 2, 3, 4, 5, 6, 7, 8, 9, 10], got 99" == str(
+        info.value)
+
+
+def test_entries_valid_in_a_delta_are_still_refused_in_a_full_payload():
+    """Validation is remembered per kind: entries that passed in a delta are checked
+    again, and refused, in a full payload."""
+    entries = (SPARSE,)
+    Header(stream_id="s", kind=Kind.DELTA, base_version=0, payload_version=1,
+           entries=entries).validate()
+    with pytest.raises(HeaderError) as info:
+        Header(stream_id="s", kind=Kind.FULL, base_version=-1, payload_version=1,
+               entries=entries).validate()
+    assert "tensor 'w': index_encoding: expected DENSE or BOX in a full payload, got GAP8" == str(
+        info.value)
