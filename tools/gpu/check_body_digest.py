@@ -8,7 +8,6 @@
    bandwidth over the bytes it reads, against the copy's (read + write).
 3. A full frame of ``--gib`` GiB of bf16 weights: ``encode_full`` (views + digest),
    ``decode`` (digest check) and the apply copy, against a plain copy of all weights.
-4. The frame path's host time: ``encode_full`` and ``decode`` of as many tiny tensors.
 
 Prints one Markdown row per part and writes ``body_digest.json`` under ``--out``.
 
@@ -81,17 +80,6 @@ def speed(gib: float, segments: int) -> dict:
             "kernel_tbps": nbytes / kernel / 1e9, "copy_tbps": 2 * nbytes / copy / 1e9}
 
 
-def host_frame(tensors: int) -> dict:
-    """The frame path's host cost: ``encode_full`` and ``decode`` of ``tensors`` tiny
-    tensors, whose device work is negligible."""
-    weights = {f"w{i}": torch.zeros(256, device="cuda", dtype=torch.bfloat16)
-               for i in range(tensors)}
-    frame = encode_full(weights, stream_id="s", version=1)
-    return {"tensors": tensors,
-            "encode_ms": timed(lambda: encode_full(weights, stream_id="s", version=1), reps=9),
-            "decode_ms": timed(lambda: decode(frame), reps=9)}
-
-
 def full_frame(gib: float, tensors: int) -> dict:
     numel = int(gib * 2**30) // 2 // tensors // 4 * 4  # whole words: no padding segments
     weights = {f"w{i}": torch.randn(numel, device="cuda").to(torch.bfloat16)
@@ -121,7 +109,6 @@ def main() -> int:
     results = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
                "mismatches": check(gen), "digest": speed(a.gib, a.segments)}
     results["full_frame"] = full_frame(a.gib, a.segments)
-    results["host_frame"] = h = host_frame(a.segments)
     d, f = results["digest"], results["full_frame"]
     print(f"| digest | {d['bytes'] / 1e9:.2f} GB in {a.segments} segments | kernel "
           f"{d['kernel_ms']:.2f} ms ({d['kernel_tbps']:.2f} TB/s read) | torch ~"
@@ -131,8 +118,6 @@ def main() -> int:
           f"{f['decode_ms']:.2f} ms | encode+decode+apply {f['full_sync_ms']:.2f} ms | copy "
           f"{f['copy_ms']:.2f} ms | x{f['ratio_to_copy']:.2f} | views {f['segments_are_weights']}"
           f" | bitwise {f['bitwise']} |")
-    print(f"| frame host | {h['tensors']} tiny tensors | encode_full {h['encode_ms']:.2f} ms | "
-          f"decode {h['decode_ms']:.2f} ms |")
     if a.out:
         a.out.mkdir(parents=True, exist_ok=True)
         (a.out / "body_digest.json").write_text(json.dumps(results, indent=2))
