@@ -371,7 +371,7 @@ class _Reader:
             entries = tuple(self.entry() for _ in range(count))
             _check(None, "header_length", self.pos, len(self.data), self.pos == len(self.data))
             if len(_parsed_tables) >= TABLE_CACHE:
-                del _parsed_tables[next(iter(_parsed_tables))]
+                _parsed_tables.pop(next(iter(_parsed_tables)), None)  # oldest first
             _parsed_tables[key] = entries
         self.pos = len(self.data)
         return entries
