@@ -209,7 +209,7 @@ class Header:
     base_version: int
     """The version a delta applies onto; ``NO_BASE`` (-1) for full payloads."""
     payload_version: int
-    entries: tuple[Entry, ...]
+    entries: tuple[Entry, ...] = attrs.field(converter=tuple)
 
     def body_size(self) -> int:
         return self._body_size
