@@ -25,8 +25,9 @@ from pathlib import Path
 
 import torch
 from dte_codec import apply_, decode, encode_full
-from dte_codec.body_digest import CHUNK_WORDS, WORD_BYTES, body_digest, segment_digest_torch
-from dte_codec.body_digest_kernel import segment_digest_cuda
+from dte_codec.body_digest import CHUNK_WORDS, Run, as_words, body_digest, words_digest_torch
+from dte_codec.body_digest_kernel import runs_digest_triton
+from dte_codec.dispatch import reference
 
 
 def timed(fn, reps: int = 5) -> float:
@@ -43,15 +44,24 @@ def timed(fn, reps: int = 5) -> float:
 
 
 def check(gen: torch.Generator) -> int:
-    """Cases where the kernel and the reference disagree (0 expected)."""
+    """Cases where the kernel and the reference disagree, or where one flipped byte goes
+    unseen (0 expected)."""
     bad = 0
-    for size in (1, 3, 4, 7, 8, 4095, 4096 * 8 + 5, 1 << 20, (1 << 22) + 3):
+    for size in (1, 3, 4, 7, 8, 4095, 4096 * 8 + 5, 1 << 20, (1 << 22) + 3, 3 << 24):
         body = torch.randint(0, 256, (size,), dtype=torch.uint8, device="cuda", generator=gen)
+        words = as_words(body)
         for first in (0, 1, 2**31 - 3, 2**32 + 11):
-            bad += int(segment_digest_cuda(body, first)) != int(segment_digest_torch(body, first))
+            runs = [Run(words, first), Run(words[: words.numel() // 3], first + 7)]
+            torch_digest = int(sum(words_digest_torch(r.words, r.first_word) for r in runs))
+            bad += int(runs_digest_triton(runs)) != torch_digest
         cuts = sorted(torch.randint(0, size + 1, (3,), generator=gen, device="cuda").tolist())
         pieces = [body[a:b] for a, b in zip([0, *cuts], [*cuts, size])]
-        bad += body_digest(pieces) != body_digest([body.cpu()])
+        digest = body_digest(pieces)
+        with reference():
+            bad += digest != body_digest(pieces)
+        bad += digest != body_digest([body.cpu()])
+        body[size // 2] ^= 1
+        bad += digest == body_digest(pieces)
     return bad
 
 
@@ -61,9 +71,9 @@ def speed(gib: float, segments: int) -> dict:
               for _ in range(segments)]
     copies = [torch.empty_like(b) for b in bodies]
     kernel = timed(lambda: body_digest(bodies))
-    chunk = bodies[0][:CHUNK_WORDS * WORD_BYTES]
-    torch_ms = timed(lambda: int(segment_digest_torch(chunk, 0))) * (total * segments
-                                                                     / chunk.numel())
+    chunk = as_words(bodies[0])[:CHUNK_WORDS]
+    torch_ms = timed(lambda: int(words_digest_torch(chunk, 0))) * (total * segments
+                                                                   / chunk.numel() / 4)
     copy = timed(lambda: [c.copy_(b) for c, b in zip(copies, bodies)])
     nbytes = total * segments
     return {"bytes": nbytes, "kernel_ms": kernel, "torch_ms_scaled": torch_ms, "copy_ms": copy,

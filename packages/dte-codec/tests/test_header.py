@@ -123,7 +123,7 @@ def test_header_digest_ignores_its_own_field():
     (b"", "prelude: expected 58 bytes at offset 0, got 0 bytes in all"),
     (b"DTEP" + bytes(52), "prelude: expected 58 bytes at offset 0, got 56 bytes in all"),
     (_forge(magic=b"PETD"), "magic: expected b'DTEP', got b'PETD'"),
-    (_forge(version=1), "codec_version: expected 2, got 1"),
+    (_forge(version=2), "codec_version: expected 3, got 2"),
     (_forge(reserved=1), "reserved: expected 0, got 1"),
     (_forge(length=57), "header_length: expected 58..64, got 57"),
     (_forge(length=65), "header_length: expected 58..64, got 65"),
@@ -256,12 +256,12 @@ def test_header_error_carries_fields():
 
 
 GOLDEN_FULL = bytes.fromhex(
-    # prelude: magic, codec version 2, kind FULL, reserved, header length 145, 2 entries
-    "44544550" "0200" "00" "00" "91000000" "02000000"
+    # prelude: magic, codec version 3, kind FULL, reserved, header length 145, 2 entries
+    "44544550" "0300" "00" "00" "91000000" "02000000"
     # base version -1, payload version 3, body length 16, header digest (xxh3-64),
     # stream length 1, body digest (keyed multilinear, FORMAT.md section 3)
-    "ffffffffffffffff" "0300000000000000" "1000000000000000" "26d7c6ccfb3fe34c" "0100"
-    "80fc80f8019e6111"
+    "ffffffffffffffff" "0300000000000000" "1000000000000000" "a5f5dd4e1971b7cd" "0100"
+    "8068e4a1e4183678"
     "73"  # stream id "s"
     # entry "w": dtype 1 (bf16), ndim 1, DENSE, RAW, widths 0, reserved, count 3, escapes 0
     "0100" "77" "01" "01" "00" "00" "00" "00" "0000" "0300000000000000"
@@ -275,9 +275,9 @@ GOLDEN_FULL = bytes.fromhex(
 )
 GOLDEN_DELTA = bytes.fromhex(
     # prelude: kind DELTA, header length 102, 1 entry, base 3, payload 4, body 16
-    "44544550" "0200" "01" "00" "66000000" "01000000"
-    "0300000000000000" "0400000000000000" "1000000000000000" "bb5280f277e2f353" "0100"
-    "02000000786deed8"  # body digest: 2 * k_0, the body's only nonzero word being 2
+    "44544550" "0300" "01" "00" "66000000" "01000000"
+    "0300000000000000" "0400000000000000" "1000000000000000" "b5a790f0b2e02fa0" "0100"
+    "ea43640601000000"  # body digest: 2 * k_0, the body's only nonzero word being 2
     "73"
     # entry "w": bf16, ndim 1, GAP8, RESIDUE, index width 0, value width 1, count 1
     "0100" "77" "01" "01" "04" "01" "00" "01" "0000" "0100000000000000"
@@ -316,3 +316,32 @@ def test_golden_delta_bytes():
     assert Entry(name="w", dtype=torch.bfloat16, shape=(3,), count=1,
                  index_encoding=IndexEncoding.GAP8, value_encoding=ValueEncoding.RESIDUE,
                  value_width=1) == payload.header.entries[0]
+
+
+def test_a_table_read_before_is_reused_and_a_changed_one_is_read_afresh():
+    """The entry tables a reader remembers are keyed by their exact bytes: reading the
+    same table again gives an equal header, and a table that differs in one byte (here
+    the dtype code of its entry, digest fixed) is parsed and refused as if never seen."""
+    data = bytearray(_with_body(_header(SPARSE)))
+    first, _ = Header.unpack(memoryview(bytes(data)))
+    again, _ = Header.unpack(memoryview(bytes(data)))
+    assert first == again
+    dtype_at = bytes(data).index(b"w") + 1
+    data[dtype_at] = 99
+    with pytest.raises(HeaderError) as info:
+        Header.unpack(memoryview(redigest(bytes(data))))
+    assert "tensor 'w': dtype: expected one of [1, 2, 3, 4, 5, 6, 7, 8, 9, 10], got 99" == str(
+        info.value)
+
+
+def test_entries_valid_in_a_delta_are_still_refused_in_a_full_payload():
+    """Validation is remembered per kind: entries that passed in a delta are checked
+    again, and refused, in a full payload."""
+    entries = (SPARSE,)
+    Header(stream_id="s", kind=Kind.DELTA, base_version=0, payload_version=1,
+           entries=entries).validate()
+    with pytest.raises(HeaderError) as info:
+        Header(stream_id="s", kind=Kind.FULL, base_version=-1, payload_version=1,
+               entries=entries).validate()
+    assert "tensor 'w': index_encoding: expected DENSE or BOX in a full payload, got GAP8" == str(
+        info.value)

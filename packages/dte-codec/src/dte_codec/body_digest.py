@@ -1,99 +1,125 @@
 """The body digest: a keyed multilinear hash computed where the body lives.
 
 The body is read as little-endian u32 words ``u_i`` (``i`` counts 4-byte words from the
-body's start) and hashed as ``sum(k_i * u_i) mod 2**64`` with one odd key per position::
+body's start) and hashed as ``sum(k_i * u_i) mod 2**64`` with one odd 32-bit key per
+position, so that each term is a single 32 x 32 -> 64-bit product::
 
-    k_i = (splitmix64(i) << 34) | ((2 * i + 1) mod 2**34)
+    k_i = 2 * mix31((i + 0x4F1BBCDD) mod 2**31) + 1
+
+where ``mix31`` is a bijection of 31-bit integers (xor-shifts and odd multipliers).
 
 Each word is read once and the sum is order-free, so the digest of a body held in
-several segments is the sum of each segment's digest at its own word offset: a frame is
-hashed segment by segment, on its device, without concatenating. What the hash detects
-for certain is stated (and proved) in ``FORMAT.md``. On a GPU one Triton kernel
-(``body_digest_kernel``) hashes each segment in one pass; this module's torch version is
-the reference it matches and the CPU path.
+several segments is the sum of each segment's words at their body positions: a frame is
+hashed on its device without concatenating. ``body_digest`` lays the segments out as a
+table of word runs (``Run``; a word cut between segments is put together from their
+bytes); on a GPU one Triton launch hashes every run (``body_digest_kernel``), elsewhere
+(and under ``dispatch.reference()``) this module's torch version does, the reference the
+kernel matches bit for bit. What the
+hash detects for certain is stated (and proved) in ``FORMAT.md``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
+import attrs
 import torch
+
+from .dispatch import fused, on_device
 
 WORD_BYTES = 4
 """The hash reads the body as u32 words."""
-LOW_KEY_BITS = 34
-"""The low bits of a key are ``2 * i + 1``: keys of positions under 2**32 apart differ
-there, which is what makes every exchange of two words visible (``FORMAT.md``)."""
+KEY_PERIOD_BITS = 31
+"""Keys repeat every 2**31 words: ``2 * mix31 + 1`` takes each odd 32-bit value once per
+period, which is what makes every exchange of two words under 2**31 apart visible."""
 CHUNK_WORDS = 1 << 22
 """Words hashed per torch step: bounds the int64 temporaries to 32 MiB each."""
 U64 = (1 << 64) - 1
-_GOLDEN = 0x9E3779B97F4A7C15
-_MIX1 = 0xBF58476D1CE4E5B9
-_MIX2 = 0x94D049BB133111EB
+MIX_OFFSET = 0x4F1BBCDD
+"""Added to the position before mixing, so that no key is pinned to 1 at word 0."""
+MIX_SHIFTS = (16, 15, 16)
+MIX_MULTIPLIERS = (0x7FEB352D, 0x846CA68B)
+"""``mix31``: x ^= x >> 16; x *= 0x7feb352d; x ^= x >> 15; x *= 0x846ca68b; x ^= x >> 16
+(mod 2**31 throughout; odd multipliers and right xor-shifts are bijective)."""
+_PERIOD_MASK = (1 << KEY_PERIOD_BITS) - 1
 _INT64 = torch.int64
 
 
-def signed(value: int) -> int:
-    """The int64 with the bits of the u64 ``value`` (torch has no uint64 arithmetic)."""
-    return value - (1 << 64) if value >= 1 << 63 else value
+@attrs.frozen
+class Run:
+    """Whole words of the body held contiguously in one tensor: ``words`` 4-byte aligned
+    u32 words (an int32 view) at body word position ``first_word``."""
+
+    words: torch.Tensor
+    first_word: int
 
 
 def body_digest(segments: Iterable[torch.Tensor]) -> int:
     """The u64 digest of the body made of ``segments`` (1-D uint8, one device), in order.
 
-    One device pass per segment and one host synchronization in all. A word that
-    straddles two segments is put together from their bytes (a few bytes, on the device).
+    One device pass over all segments (a single kernel launch on a GPU) and one host
+    synchronization. A word that straddles two segments is put together from their
+    bytes; a segment at an address that is not 4-byte aligned is copied once.
     """
-    terms: list[torch.Tensor] = []
+    runs = word_runs(segments)
+    if not runs:
+        return 0
+    device = runs[0].words.device
+    if not fused(device):
+        return int(runs_digest_torch(runs)) & U64
+    from .body_digest_kernel import runs_digest_triton  # Triton only where it runs
+    with on_device(device):
+        return int(runs_digest_triton(runs)) & U64
+
+
+def word_runs(segments: Iterable[torch.Tensor]) -> list[Run]:
+    """The body's words as runs, in body order; a final partial word is zero-filled."""
+    runs: list[Run] = []
     partial: list[torch.Tensor] = []
     """Bytes of the word under way when a segment ended inside it."""
     offset = 0
     for segment in segments:
+        size = segment.numel()
         missing = -offset % WORD_BYTES
-        if missing and segment.numel():
+        if missing and size:
             partial.append(segment[:missing])
-            segment, offset = segment[missing:], offset + min(missing, segment.numel())
+            taken = min(missing, size)
+            segment, offset, size = segment[taken:], offset + taken, size - taken
             if offset % WORD_BYTES == 0:
-                terms.append(segment_digest(torch.cat(partial), offset // WORD_BYTES - 1))
+                runs.append(Run(as_words(torch.cat(partial)), offset // WORD_BYTES - 1))
                 partial = []
-        whole = segment.numel() // WORD_BYTES * WORD_BYTES
+        whole = size // WORD_BYTES * WORD_BYTES
         if whole:
-            terms.append(segment_digest(segment[:whole], offset // WORD_BYTES))
-        if segment.numel() > whole:
+            words = segment if whole == size else segment[:whole]
+            runs.append(Run(as_words(words), offset // WORD_BYTES))
+        if size > whole:
             partial.append(segment[whole:])
-        offset += segment.numel()
+        offset += size
     if partial:
-        terms.append(segment_digest(torch.cat(partial), offset // WORD_BYTES))
-    return int(torch.stack(terms).sum()) & U64 if terms else 0
+        runs.append(Run(as_words(torch.cat(partial)), offset // WORD_BYTES))
+    return runs
 
 
-def segment_digest(segment: torch.Tensor, first_word: int) -> torch.Tensor:
-    """A 0-d int64 tensor: the hash terms of ``segment`` placed at word ``first_word``.
-
-    A segment starts on a word boundary; its last word, if partial, is read with zero
-    bytes after it (the body pads every section with zeros).
-    """
-    if segment.is_cuda:
-        from .body_digest_kernel import segment_digest_cuda  # Triton only where it runs
-        return segment_digest_cuda(segment, first_word)
-    return segment_digest_torch(segment, first_word)
+def runs_digest_torch(runs: Sequence[Run]) -> torch.Tensor:
+    """A 0-d int64 tensor: the digest of ``runs`` in torch ops (wrapping int64 arithmetic)."""
+    return torch.stack([words_digest_torch(r.words, r.first_word) for r in runs]).sum()
 
 
-def segment_digest_torch(segment: torch.Tensor, first_word: int) -> torch.Tensor:
-    """``segment_digest`` in torch ops (wrapping int64 arithmetic), chunk by chunk."""
-    words = as_words(segment)
-    total = torch.zeros((), dtype=_INT64, device=segment.device)
+def words_digest_torch(words: torch.Tensor, first_word: int) -> torch.Tensor:
+    """A 0-d int64 tensor: the hash terms of the int32 ``words`` placed at body word
+    ``first_word``, chunk by chunk."""
+    total = torch.zeros((), dtype=_INT64, device=words.device)
     for start in range(0, words.numel(), CHUNK_WORDS):
         chunk = words[start:start + CHUNK_WORDS].to(_INT64) & 0xFFFFFFFF
         position = torch.arange(first_word + start, first_word + start + chunk.numel(),
-                                dtype=_INT64, device=segment.device)
+                                dtype=_INT64, device=words.device)
         total += (chunk * keys(position)).sum()
     return total
 
 
 def as_words(segment: torch.Tensor) -> torch.Tensor:
-    """``segment`` as int32 words, the last one zero-filled if partial (a view when the
-    segment is whole words at a 4-byte aligned address, else one copy)."""
+    """``segment`` (uint8) as int32 words, the last one zero-filled if partial (a view
+    when the segment is whole words at a 4-byte aligned address, else one copy)."""
     whole = segment.numel() % WORD_BYTES == 0 and segment.data_ptr() % WORD_BYTES == 0
     if not whole:
         padded = torch.zeros(-(-segment.numel() // WORD_BYTES) * WORD_BYTES,
@@ -104,19 +130,15 @@ def as_words(segment: torch.Tensor) -> torch.Tensor:
 
 
 def keys(position: torch.Tensor) -> torch.Tensor:
-    """The odd key of each int64 word position."""
-    low = (2 * position + 1) & ((1 << LOW_KEY_BITS) - 1)
-    return (splitmix64(position) << LOW_KEY_BITS) | low
+    """The odd 32-bit key of each int64 word position (as int64)."""
+    return 2 * mix31((position + MIX_OFFSET) & _PERIOD_MASK) + 1
 
 
-def splitmix64(x: torch.Tensor) -> torch.Tensor:
-    """Steele, Lea and Flood's SplitMix64 finalizer of ``x + golden``, on int64 bits."""
-    z = x + signed(_GOLDEN)
-    z = (z ^ _shift_right(z, 30)) * signed(_MIX1)
-    z = (z ^ _shift_right(z, 27)) * signed(_MIX2)
-    return z ^ _shift_right(z, 31)
-
-
-def _shift_right(z: torch.Tensor, bits: int) -> torch.Tensor:
-    """Logical right shift of int64 bits (torch's ``>>`` is arithmetic)."""
-    return (z >> bits) & ((1 << (64 - bits)) - 1)
+def mix31(x: torch.Tensor) -> torch.Tensor:
+    """The bijection ``mix31`` of int64 values in ``[0, 2**31)`` (products stay < 2**63)."""
+    first, second, third = MIX_SHIFTS
+    x = x ^ (x >> first)
+    x = (x * MIX_MULTIPLIERS[0]) & _PERIOD_MASK
+    x = x ^ (x >> second)
+    x = (x * MIX_MULTIPLIERS[1]) & _PERIOD_MASK
+    return x ^ (x >> third)

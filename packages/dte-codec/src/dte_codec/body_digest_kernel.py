@@ -1,48 +1,75 @@
-"""``body_digest.segment_digest`` on a GPU: one Triton pass over a segment's words.
+"""``body_digest`` on a GPU: one Triton launch over a table of word runs.
 
-Each program hashes one block of words (keys computed in registers, no key tensor in
-memory) and writes its partial sum; torch adds the partials. Integer arithmetic wraps
-modulo 2**64 exactly as in the torch reference, so both give the same digest
-(``tools/gpu/check_body_digest.py`` compares them on the device).
+Every run (a segment's whole words, or a word put together across segments) is cut into
+chunks of ``CHUNK`` words; each program hashes one chunk (keys computed in registers, one
+32 x 32 -> 64-bit product per word) and writes its partial sum, and torch adds the
+partials. The runs are read through their addresses, so the segments stay where they
+are (views of the weights) and a frame of any number of segments costs one launch.
+Integer arithmetic wraps modulo 2**64 exactly as in the torch reference, so both give
+the same digest (``tools/gpu/check_body_digest.py`` compares them on the device).
 """
 
 from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
 
 import torch
 import triton
 import triton.language as tl
 
-from .body_digest import _GOLDEN, _MIX1, _MIX2, LOW_KEY_BITS, as_words
+from .body_digest import KEY_PERIOD_BITS, MIX_MULTIPLIERS, MIX_OFFSET, MIX_SHIFTS, Run
 
-BLOCK = 8192
-"""Words per program: 32 KiB read per program, one int64 partial written."""
-WARPS = 8
-
-
-@triton.jit(do_not_specialize=["n_words", "first_word"])
-def _digest(words_ptr, n_words, first_word, partial_ptr, GOLDEN: tl.constexpr,
-            MIX1: tl.constexpr, MIX2: tl.constexpr, LOW_BITS: tl.constexpr,
-            BLOCK: tl.constexpr):
-    offsets = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    inside = offsets < n_words
-    words = tl.load(words_ptr + offsets, mask=inside, other=0, eviction_policy="evict_first")
-    u = words.to(tl.uint32, bitcast=True).to(tl.uint64)
-    position = (offsets + first_word).to(tl.uint64)
-    z = position + GOLDEN
-    z = (z ^ (z >> 30)) * MIX1
-    z = (z ^ (z >> 27)) * MIX2
-    z = z ^ (z >> 31)
-    low = (2 * position + 1) & ((1 << LOW_BITS) - 1)
-    key = (z << LOW_BITS) | low
-    tl.store(partial_ptr + tl.program_id(0), tl.sum(key * u, axis=0).to(tl.int64, bitcast=True))
+TILE = 2048
+"""Words per vector step of a program."""
+TILES = 8
+"""Vector steps per program: a program reads ``TILE * TILES`` words (64 KiB)."""
+CHUNK = TILE * TILES
+WARPS = 4
 
 
-def segment_digest_cuda(segment: torch.Tensor, first_word: int) -> torch.Tensor:
-    """``body_digest.segment_digest`` of a segment on a GPU (a 0-d int64 tensor)."""
-    words = as_words(segment)
-    programs = triton.cdiv(words.numel(), BLOCK)
-    partial = torch.empty(programs, dtype=torch.int64, device=segment.device)
-    _digest[(programs,)](words, words.numel(), first_word, partial, GOLDEN=tl.constexpr(_GOLDEN),
-                         MIX1=tl.constexpr(_MIX1), MIX2=tl.constexpr(_MIX2),
-                         LOW_BITS=LOW_KEY_BITS, BLOCK=BLOCK, num_warps=WARPS)
+@triton.jit
+def _digest(table_ptr, run_of_ptr, n_runs, partial_ptr, MASK: tl.constexpr, OFFSET: tl.constexpr,
+            SHIFT0: tl.constexpr, SHIFT1: tl.constexpr, SHIFT2: tl.constexpr,
+            MUL0: tl.constexpr, MUL1: tl.constexpr, TILE: tl.constexpr, TILES: tl.constexpr):
+    program = tl.program_id(0)
+    run = tl.load(run_of_ptr + program)
+    words_ptr = tl.load(table_ptr + run).to(tl.pointer_type(tl.uint32))
+    first_word = tl.load(table_ptr + n_runs + run)
+    n_words = tl.load(table_ptr + 2 * n_runs + run)
+    start = (program - tl.load(table_ptr + 3 * n_runs + run)).to(tl.int64) * (TILE * TILES)
+    acc = tl.zeros([TILE], dtype=tl.uint64)
+    for step in tl.static_range(TILES):
+        offsets = start + step * TILE + tl.arange(0, TILE)
+        inside = offsets < n_words
+        u = tl.load(words_ptr + offsets, mask=inside, other=0, eviction_policy="evict_first")
+        x = ((first_word + offsets + OFFSET) & MASK).to(tl.uint32)  # 32-bit mixing: cheap on a GPU
+        x = x ^ (x >> SHIFT0)
+        x = (x * MUL0) & MASK
+        x = x ^ (x >> SHIFT1)
+        x = (x * MUL1) & MASK
+        x = x ^ (x >> SHIFT2)
+        key = (2 * x + 1).to(tl.uint32).to(tl.uint64)
+        acc += key * u.to(tl.uint64)
+    tl.store(partial_ptr + program, tl.sum(acc, axis=0).to(tl.int64, bitcast=True))
+
+
+def runs_digest_triton(runs: Sequence[Run]) -> torch.Tensor:
+    """``body_digest.runs_digest_torch`` on a GPU (a 0-d int64 tensor), one launch."""
+    device = runs[0].words.device
+    programs = [triton.cdiv(r.words.numel(), CHUNK) for r in runs]
+    firsts = list(itertools.accumulate(programs, initial=0))
+    total = firsts.pop()
+    # columns: address, first word, words, first program, programs (one copy to the device)
+    host = ([r.words.data_ptr() for r in runs] + [r.first_word for r in runs]
+            + [r.words.numel() for r in runs] + firsts + programs)
+    table = torch.tensor(host, dtype=torch.int64).to(device, non_blocking=True)
+    run_of = torch.repeat_interleave(torch.arange(len(runs), device=device, dtype=torch.int32),
+                                     table[4 * len(runs):], output_size=total)
+    partial = torch.empty(total, dtype=torch.int64, device=device)
+    _digest[(total,)](table, run_of, len(runs), partial, MASK=(1 << KEY_PERIOD_BITS) - 1,
+                      OFFSET=MIX_OFFSET,
+                      SHIFT0=MIX_SHIFTS[0], SHIFT1=MIX_SHIFTS[1], SHIFT2=MIX_SHIFTS[2],
+                      MUL0=MIX_MULTIPLIERS[0], MUL1=MIX_MULTIPLIERS[1], TILE=TILE,
+                      TILES=TILES, num_warps=WARPS)
     return partial.sum()

@@ -99,11 +99,14 @@ def _open(data: Frame | bytes | bytearray | memoryview, device: str | torch.devi
           ) -> tuple[Header, Frame]:
     """The validated header and the frame on ``device``, its body digest checked."""
     frame = data if isinstance(data, Frame) else Frame.from_bytes(data)
-    shapes = {(s.dtype, s.dim(), s.device) for s in frame.segments}
-    if len(shapes) > 1 or any(dtype != torch.uint8 or dim != 1 for dtype, dim, _ in shapes):
+    segments = frame.segments
+    # CUDA devices compared by index: no torch.device built per segment of a full frame
+    if not (all(s.dtype == torch.uint8 and s.dim() == 1 for s in segments)
+            and len({s.get_device() if s.is_cuda else s.device for s in segments}) <= 1):
+        shapes = {(s.dtype, s.dim(), s.device) for s in segments}
         raise HeaderError("body segments", expected="1-D uint8 tensors on one device",
                           got=sorted(map(str, shapes)))
-    if device is not None:
+    if device is not None and frame.device != torch.device(device):  # one device, checked
         frame = frame.to(device)
     header = Header.unpack_head(memoryview(frame.header), frame.body_size)
     stored, computed = body_digest_of(frame.header), body_digest(frame.segments)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import attrs
 import torch
 
@@ -26,7 +28,7 @@ class Frame:
     header: bytes
     segments: tuple[torch.Tensor, ...] = attrs.field(converter=tuple)
 
-    @property
+    @functools.cached_property
     def body_size(self) -> int:
         return sum(s.numel() for s in self.segments)
 

@@ -7,6 +7,7 @@ its only implementation. ``Header.pack`` and ``Header.unpack`` are exact inverse
 from __future__ import annotations
 
 import enum
+import functools
 import math
 import numbers
 import struct
@@ -18,7 +19,7 @@ import xxhash
 from .errors import DigestError, HeaderError
 
 MAGIC = b"DTEP"
-CODEC_VERSION = 2
+CODEC_VERSION = 3
 ALIGNMENT = 8
 NO_BASE = -1
 MAX_NDIM = 16
@@ -88,9 +89,13 @@ def index_itemsize(limit: int) -> int:
     return 4 if limit < INDEX32_LIMIT else 8
 
 
-@attrs.frozen(kw_only=True)
+@attrs.frozen(kw_only=True, cache_hash=True)
 class Entry:
-    """One tensor of a payload: what it is and how its sections are encoded."""
+    """One tensor of a payload: what it is and how its sections are encoded.
+
+    Hashable (cached): the header caches below are keyed by entries, since a stream
+    sends the same table of contents sync after sync.
+    """
 
     name: str
     dtype: torch.dtype
@@ -108,17 +113,26 @@ class Entry:
     value_escapes: int = 0
     """Number of values sent raw because their residue would not fit (RESIDUE only)."""
 
-    @property
+    @functools.cached_property
     def numel(self) -> int:
         return math.prod(self.shape)
 
     @property
     def itemsize(self) -> int:
-        return torch.empty((), dtype=self.dtype).element_size()
+        return self.dtype.itemsize
 
     def section_sizes(self) -> tuple[int, ...]:
         """Unpadded byte sizes of this entry's body sections, in body order."""
+        return self._sizes
+
+    @functools.cached_property
+    def _sizes(self) -> tuple[int, ...]:
         return self.index_sections() + self.value_sections()
+
+    @functools.cached_property
+    def body_bytes(self) -> int:
+        """Bytes of this entry's sections in the body, each padded to the alignment."""
+        return sum(align(size) for size in self._sizes)
 
     def index_sections(self) -> tuple[int, ...]:
         n, numel, enc = self.count, self.numel, self.index_encoding
@@ -195,10 +209,14 @@ class Header:
     base_version: int
     """The version a delta applies onto; ``NO_BASE`` (-1) for full payloads."""
     payload_version: int
-    entries: tuple[Entry, ...]
+    entries: tuple[Entry, ...] = attrs.field(converter=tuple)
 
     def body_size(self) -> int:
-        return sum(align(s) for e in self.entries for s in e.section_sizes())
+        return self._body_size
+
+    @functools.cached_property
+    def _body_size(self) -> int:
+        return sum(e.body_bytes for e in self.entries)
 
     def validate(self) -> None:
         """Check header fields and every entry; raise ``HeaderError`` naming the field."""
@@ -214,12 +232,11 @@ class Header:
             _check(None, "base_version", f"0..{self.payload_version - 1} for a delta",
                    self.base_version, isinstance(self.base_version, numbers.Integral)
                    and 0 <= self.base_version < self.payload_version)
-        for entry in self.entries:
-            entry.validate(self.kind)
+        _validate_entries(self.entries, self.kind)
 
     def pack(self) -> bytes:
         """Header bytes with zero digest fields, padded to the body's alignment."""
-        table = b"".join(_pack_entry(e) for e in self.entries)
+        table = _pack_table(self.entries)
         stream = self.stream_id.encode()
         length = _PRELUDE.size + len(stream) + len(table)
         prelude = _PRELUDE.pack(MAGIC, CODEC_VERSION, self.kind, 0, length, len(self.entries),
@@ -257,6 +274,27 @@ def header_digest(data: bytes | bytearray | memoryview) -> int:
 def body_digest_of(head: bytes | bytearray | memoryview) -> int:
     """The body digest a packed header carries."""
     return struct.unpack_from("<Q", head, BODY_DIGEST_OFFSET)[0]
+
+
+TABLE_CACHE = 8
+"""Entry tables remembered (packed, parsed, validated): a stream sends the same table
+sync after sync, a receiver may serve a few streams; each costs O(entries) once."""
+
+
+@functools.lru_cache(maxsize=TABLE_CACHE)
+def _validate_entries(entries: tuple[Entry, ...], kind: Kind) -> None:
+    """``Entry.validate`` of each entry; remembered only when all pass."""
+    for entry in entries:
+        entry.validate(kind)
+
+
+@functools.lru_cache(maxsize=TABLE_CACHE)
+def _pack_table(entries: tuple[Entry, ...]) -> bytes:
+    return b"".join(_pack_entry(e) for e in entries)
+
+
+_parsed_tables: dict[tuple[bytes, int], tuple[Entry, ...]] = {}
+"""Entry tables read before, by their bytes and entry count (at most ``TABLE_CACHE``)."""
 
 
 def _pack_entry(entry: Entry) -> bytes:
@@ -317,13 +355,26 @@ class _Reader:
         kind = self.enum(Kind, kind, "kind", None)
         self.data = self.data[:length]
         stream = self.text(n_stream, "stream_id")
-        entries = tuple(self.entry() for _ in range(n_entries))
-        _check(None, "header_length", self.pos, length, self.pos == length)
+        entries = self.entries(n_entries)
         header = Header(stream_id=stream, kind=kind, base_version=base, payload_version=payload,
                         entries=entries)
         header.validate()
         _check(None, "body_length", header.body_size(), body, header.body_size() == body)
         return header, align(length)
+
+    def entries(self, count: int) -> tuple[Entry, ...]:
+        """The ``count`` entries filling the rest of the header (a table read before is
+        taken from ``_parsed_tables``: one dictionary look-up instead of O(entries) work)."""
+        key = (bytes(self.data[self.pos:]), count)
+        entries = _parsed_tables.get(key)
+        if entries is None:
+            entries = tuple(self.entry() for _ in range(count))
+            _check(None, "header_length", self.pos, len(self.data), self.pos == len(self.data))
+            if len(_parsed_tables) >= TABLE_CACHE:
+                _parsed_tables.pop(next(iter(_parsed_tables)), None)  # oldest first
+            _parsed_tables[key] = entries
+        self.pos = len(self.data)
+        return entries
 
     def entry(self) -> Entry:
         (n_name,) = _NAME_LENGTH.unpack(self.take(_NAME_LENGTH.size, "entry name length"))

@@ -8,6 +8,8 @@ another layout) builds the entries itself: ``box_part`` for a dense region,
 
 from __future__ import annotations
 
+import functools
+import math
 import struct
 from collections.abc import Iterable, Sequence
 
@@ -38,11 +40,20 @@ class Part:
         return sum(s.numel() for s in self.sections)
 
 
+ENTRY_CACHE = 1 << 16
+"""Dense and box entries remembered: a stream builds the same ones sync after sync, and
+the same ``Entry`` object makes the header's table caches hit by identity."""
+
+
 def dense_part(name: str, tensor: torch.Tensor) -> Part:
     """A whole tensor, dense."""
-    _check_tensor(name, tensor.dtype)
-    entry = Entry(name=name, dtype=tensor.dtype, shape=tuple(tensor.shape), count=tensor.numel())
-    return Part(entry, (_bytes_of(tensor),))
+    return Part(_dense_entry(name, tensor.dtype, tuple(tensor.shape)), (_bytes_of(tensor),))
+
+
+@functools.lru_cache(maxsize=ENTRY_CACHE)
+def _dense_entry(name: str, dtype: torch.dtype, shape: tuple[int, ...]) -> Entry:
+    _check_tensor(name, dtype)
+    return Entry(name=name, dtype=dtype, shape=shape, count=math.prod(shape))
 
 
 def box_part(name: str, block: torch.Tensor, *, shape: tuple[int, ...],
@@ -117,14 +128,15 @@ def checked_header(entries: Sequence[Entry], *, stream_id: str, kind: Kind, base
 
 def seal(header: Header, *segments: torch.Tensor) -> Frame:
     """The frame of ``header`` and the body made of ``segments`` (uint8, one device),
-    with both digests set: the body's computed where it lives, one pass per segment
+    with both digests set: the body's computed where it lives, one pass over all segments
     (one host synchronization)."""
-    segments = tuple(s.reshape(-1) for s in segments)
-    assert sum(s.numel() for s in segments) == header.body_size(), "body does not fit header"
+    segments = tuple(s if s.dim() == 1 else s.reshape(-1) for s in segments)
     head = bytearray(header.pack())
     struct.pack_into("<Q", head, BODY_DIGEST_OFFSET, body_digest(segments))
     struct.pack_into("<Q", head, DIGEST_OFFSET, header_digest(head))
-    return Frame(bytes(head), segments)
+    frame = Frame(bytes(head), segments)
+    assert frame.body_size == header.body_size(), "body does not fit header"
+    return frame
 
 
 def _padded(sections: list[torch.Tensor]) -> list[torch.Tensor]:
