@@ -116,8 +116,10 @@ def stage_counted(slab_ptr, counts_ptr, tile, flags, local, first, second,
 
 @triton.jit
 def _put(slab_ptr, tile, keep, rank, local, first, second, SLAB: tl.constexpr):
-    word = (local.to(tl.int64) | (first.to(tl.int64) & 0xFFFF) << 16
-            | (second.to(tl.int64) & 0xFFFF) << 32)
+    # the halves in int32, so that the int64 word is only their placement
+    low = local | (first.to(tl.int32) & 0xFFFF) << 16
+    word = ((second.to(tl.int32) & 0xFFFF).to(tl.int64) << 32
+            | low.to(tl.uint32, bitcast=True).to(tl.int64))
     tl.store(slab_ptr + tl.cast(tile, tl.int64) * SLAB + rank,
              word.to(slab_ptr.dtype.element_ty), mask=keep)
 
