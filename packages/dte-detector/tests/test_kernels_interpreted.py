@@ -70,13 +70,15 @@ def _members() -> list[tuple[tuple[torch.Tensor, ...], AdamWStep]]:
     return members
 
 
-@pytest.mark.parametrize("slab_fraction,group_elements",
-                         [(8, 1 << 28), (1, 5000), (4096, 5000)])
+@pytest.mark.parametrize("slab_fraction,group_elements,wide",
+                         [(8, 1 << 28, False), (1, 5000, False), (4096, 5000, False),
+                          (8, 5000, True)])
 def test_interpreted_batched_inversion_is_the_reference(monkeypatch, slab_fraction,
-                                                        group_elements):
+                                                        group_elements, wide):
     """Every member's indices and fp16 bounds equal the reference's bit for bit: one group
-    or many, the default slab, slabs that hold every element, and no slab (every tile
-    with a change through the dense pass)."""
+    or many, the default slab, slabs that hold every element, no slab (every tile with a
+    change through the dense pass), and the int64 offsets of members past 2**31
+    elements."""
     from triton.runtime.interpreter import InterpretedFunction
 
     from dte_detector import batch, inversion_kernel
@@ -85,6 +87,8 @@ def test_interpreted_batched_inversion_is_the_reference(monkeypatch, slab_fracti
         "the kernel module was imported before TRITON_INTERPRET was set"
     monkeypatch.setattr(inversion_kernel, "SLAB_FRACTION", slab_fraction)
     monkeypatch.setattr(batch, "GROUP_ELEMENTS", group_elements)
+    if wide:
+        monkeypatch.setattr(inversion_kernel, "narrow", lambda numel, rows: False)
     members = _members()
     found = inversion_kernel.invert_batch([flat for flat, _ in members],
                                           [hyper for _, hyper in members],

@@ -16,12 +16,12 @@ handling as ``inversion._invert_chunk``, with the same fp32 roundings in the sam
 ``invert_batch`` takes the tensors of a whole sync at once (``batch.py``: groups of
 tensors with the same step and payload, walked as one tile space, one host
 synchronisation per group). ``_mark`` reads ``p``, ``m``, ``v`` once (12 bytes per
-element), tile by tile (``staging.py``), and writes a count per tile and, where at most
-``1 / SLAB_FRACTION`` of a tile's elements changed, their offsets and bounds into the
-tile's slab (1 byte of scratch per element); ``staging.gather`` moves the slabs into
-sorted outputs (as ``torch.nonzero`` would order them). A tile with more changes than
-its slab holds is recomputed by ``_dense``, which writes them straight into the outputs
-(launched only when such a tile exists).
+element), tile by tile (``staging.py``), and writes a count per tile and the offsets and
+bounds of its first changes into the tile's slab (``1 / SLAB_FRACTION`` of its elements,
+1 byte of scratch per element); ``staging.gather`` moves the slabs into sorted outputs
+(as ``torch.nonzero`` would order them). A tile with more changes than its slab holds is
+recomputed by ``_dense``, which writes them straight into the outputs (launched only
+when such a tile exists). Offsets within a member are int32 where its size allows.
 
 The term ``mu`` needs an IEEE division ``1 / d`` per element; where it is below half an
 ulp of the rest of the guard it cannot change the rounded sum, so a tile computes it only
@@ -42,8 +42,8 @@ import triton.language as tl
 from . import batch
 from .changes import ChangeSet
 from .inversion import _HALF_ETA, AdamWStep, _corrections, decay_factor, guard_scalars
-from .staging import (advance, gather, locate, member_offset, on_device, place, programs,
-                      read_limit, stage_counted, tile_offsets)
+from .staging import (advance, gather, locate, member_offset, narrow, on_device, place,
+                      programs, read_limit, stage_counted, tile_offsets)
 
 ROWS = 128
 """Rows of 8 elements per tile (``staging.py``)."""
@@ -55,9 +55,6 @@ SLAB_FRACTION = 8
 is recomputed by ``_dense``."""
 _FIXED = {"enable_fp_fusion": False}
 _FP32_ALIGN = batch.VECTOR_BYTES // 4
-_NARROW_NUMEL = 2**31 - ROWS * 8
-"""Members up to this size address their tiles with int32 offsets (past the last
-element, the last tile's offsets reach ``numel + ROWS * 8 - 1``)."""
 # mu * 2**100 < underflow * 2**25 * 1.01 / d + 2**-48 and guard * 2**-25 <= ulp(guard) / 2,
 # scaled by 2**100 to stay in fp32's normal range (a proof in ``_verdict``'s docstring).
 _MU_SCALE: tl.constexpr = tl.constexpr(2.0**25 * 1.01)
@@ -236,7 +233,7 @@ def invert_batch(flats: Sequence[tuple[torch.Tensor, torch.Tensor, torch.Tensor]
         staged = torch.empty(group.tiles * slab, dtype=torch.int64, device=device)
         config = {"DECAY_IS_ONE": decay_is_one, "PAYLOAD": _PAYLOAD[dtype], "ROWS": ROWS,
                   "SLAB": slab, "ALIGN": _FP32_ALIGN if group.aligned else 1,
-                  "NARROW": group.numel <= _NARROW_NUMEL, **_FIXED}
+                  "NARROW": narrow(group.numel, ROWS), **_FIXED}
         tables = (*flats[group.members[0]], group.offsets, group.offsets.shape[1], group.numels,
                   group.starts, counts)
         _mark[(programs(group.tiles, device, waves=WAVES),)](

@@ -6,8 +6,9 @@ programs per multiprocessor, each reading its next tile while it works on the cu
 (so that loads stay in flight during the arithmetic). It stages the selected elements of
 a tile (their offset in the tile and one or two 16-bit values, packed into one int32 or
 int64 word) in the tile's slab of ``SLAB`` slots, in index order, and writes the tile's
-count. A tile with more than ``SLAB`` selected elements stages nothing: a second pass
-(the kernel's ``dense`` pass, launched only when such a tile exists) recomputes it and
+count. A tile with more than ``SLAB`` selected elements stages nothing (or, through
+``stage_counted``, its first ``SLAB``, which ``gather`` skips): a second pass (the
+kernel's ``dense`` pass, launched only when such a tile exists) recomputes it and
 writes its elements straight into the outputs. A cumulative sum of the counts gives each
 tile's first output slot, and ``gather`` moves the slabs there: per member, sorted flat
 indices and their values, as ``torch.nonzero`` and a gather would give them.
@@ -154,6 +155,13 @@ def _gather(counts_ptr, firsts_ptr, slab_ptr, starts_ptr, index_ptr, values_ptr,
     for row in tl.static_range(VALUES):
         tl.store(values_ptr + row * total + at, (word >> (16 * (row + 1))).to(tl.int16),
                  mask=staged)
+
+
+def narrow(numel: int, rows: int) -> bool:
+    """Whether a group whose largest member has ``numel`` elements addresses its tiles of
+    ``[rows, 8]`` with int32 offsets (``tile_offsets``' ``NARROW``): the last tile's
+    offsets reach ``numel + rows * 8 - 1``."""
+    return numel + rows * 8 - 1 < 2**31
 
 
 def programs(tiles: int, device: torch.device, *, waves: int) -> int:
