@@ -161,12 +161,15 @@ def pipelined(groups: Sequence[Group], launch: Callable[[Group], T],
         if group is not None:
             launched = launch(group)
             small = sizes(launched)
-            host = torch.empty(small.shape, dtype=torch.int64, pin_memory=True)
-            host.copy_(small, non_blocking=True)
-            ready = torch.cuda.Event()
-            ready.record()
+            cuda = small.is_cuda  # else the interpreter's CPU tensors: nothing to wait for
+            host = torch.empty(small.shape, dtype=torch.int64, pin_memory=cuda)
+            host.copy_(small, non_blocking=cuda)
+            ready = torch.cuda.Event() if cuda else None
+            if ready is not None:
+                ready.record()
         if pending is not None:
             done_group, done, done_host, done_ready = pending
-            done_ready.synchronize()
+            if done_ready is not None:
+                done_ready.synchronize()
             finish(done_group, done, done_host.tolist())
         pending = None if group is None else (group, launched, host, ready)

@@ -28,8 +28,8 @@ import triton
 import triton.language as tl
 
 from . import batch
-from .staging import (advance, gather, locate, member_offset, place, programs, read_limit,
-                      stage, tile_offsets)
+from .staging import (advance, gather, locate, member_offset, narrow, on_device, place,
+                      programs, read_limit, stage, tile_offsets)
 
 ROWS = 128
 """Rows of 8 elements per tile; one byte of dirty bits per row."""
@@ -46,16 +46,18 @@ _FP32_ALIGN, _HALF_ALIGN = batch.VECTOR_BYTES // 4, batch.VECTOR_BYTES // 2
 
 @triton.jit
 def _load(master_ptr, model_ptr, offsets_ptr, width, numels_ptr, starts_ptr, member, tile,
-          ROWS: tl.constexpr, FP32_ALIGN: tl.constexpr, HALF_ALIGN: tl.constexpr):
+          ROWS: tl.constexpr, FP32_ALIGN: tl.constexpr, HALF_ALIGN: tl.constexpr,
+          NARROW: tl.constexpr):
     """A tile's master and old model bits, its offset in its member, the member's size and
-    the member-local element offsets."""
+    the member-local element offsets (int32 with ``NARROW``, as in the inversion)."""
     own = tile - tl.load(starts_ptr + member)
-    offsets, _, _ = tile_offsets(own, ROWS)
-    numel = tl.load(numels_ptr + member)
-    master = tl.load(master_ptr + (member_offset(offsets_ptr, member, FP32_ALIGN) + offsets),
+    offsets, _, _ = tile_offsets(own, ROWS, NARROW)
+    own = own.to(offsets.dtype)
+    numel = tl.load(numels_ptr + member).to(offsets.dtype)
+    master = tl.load((master_ptr + member_offset(offsets_ptr, member, FP32_ALIGN)) + offsets,
                      mask=offsets < read_limit(numel, FP32_ALIGN), other=0.0,
                      eviction_policy="evict_first")
-    old = tl.load(model_ptr + (member_offset(offsets_ptr, width + member, HALF_ALIGN) + offsets),
+    old = tl.load((model_ptr + member_offset(offsets_ptr, width + member, HALF_ALIGN)) + offsets,
                   mask=offsets < read_limit(numel, HALF_ALIGN), other=0)
     return master, old, own, numel, offsets
 
@@ -75,10 +77,10 @@ def _tile(model_ptr, dirty_ptr, offsets_ptr, width, counts_ptr, slab_ptr,
     cast = master.to(PAYLOAD).to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
     both_nan = ((cast & 0x7FFF) > NAN_ABOVE) & ((old & 0x7FFF) > NAN_ABOVE)
     flips = (((cast != old) | both_nan) & inside).to(tl.int32)
-    dirty_at = (member_offset(offsets_ptr, 2 * width + member, 1) + own * ROWS
-                + tl.arange(0, ROWS))
+    dirty_at = ((dirty_ptr + member_offset(offsets_ptr, 2 * width + member, 1))
+                + (own * ROWS + tl.arange(0, ROWS)))
     in_map = own * ROWS + tl.arange(0, ROWS) < (numel + 7) // 8
-    before = tl.load(dirty_ptr + dirty_at, mask=in_map, other=0).to(tl.int32)
+    before = tl.load(dirty_at, mask=in_map, other=0).to(tl.int32)
     fresh = flips & (1 - ((before[:, None] >> columns) & 1))
     count = tl.sum(tl.sum(fresh, axis=1), axis=0)
     if not DENSE:
@@ -90,9 +92,9 @@ def _tile(model_ptr, dirty_ptr, offsets_ptr, width, counts_ptr, slab_ptr,
         else:
             stage(slab_ptr, tile, fresh, local, old, old, KEEP)
         row_flips = tl.sum(flips << columns, axis=1)
-        tl.store(dirty_ptr + dirty_at, (before | row_flips).to(tl.uint8), mask=in_map)
+        tl.store(dirty_at, (before | row_flips).to(tl.uint8), mask=in_map)
         if COPY:
-            at = model_ptr + (member_offset(offsets_ptr, width + member, HALF_ALIGN) + offsets)
+            at = (model_ptr + member_offset(offsets_ptr, width + member, HALF_ALIGN)) + offsets
             rows = tl.broadcast_to((row_flips != 0)[:, None], (ROWS, 8))
             if (own + 1) * (ROWS * 8) <= numel:  # a full tile: the row mask stays vectorised
                 tl.store(at, cast.to(tl.int16), mask=rows)
@@ -104,18 +106,19 @@ def _tile(model_ptr, dirty_ptr, offsets_ptr, width, counts_ptr, slab_ptr,
 def _record(master_ptr, model_ptr, dirty_ptr, offsets_ptr, width, numels_ptr, starts_ptr,
             counts_ptr, slab_ptr, index_ptr, old_ptr, tiles, total, PAYLOAD: tl.constexpr,
             NAN_ABOVE: tl.constexpr, COPY: tl.constexpr, ROWS: tl.constexpr,
-            SLAB: tl.constexpr, FP32_ALIGN: tl.constexpr, HALF_ALIGN: tl.constexpr):
+            SLAB: tl.constexpr, FP32_ALIGN: tl.constexpr, HALF_ALIGN: tl.constexpr,
+            NARROW: tl.constexpr):
     """The first pass: programs walk the tiles, reading the next tile first."""
     first, step = tl.program_id(0), tl.num_programs(0)
     member = advance(starts_ptr, first.to(tl.int64) * 0, first)
     master, old, own, numel, offsets = _load(master_ptr, model_ptr, offsets_ptr, width,
                                              numels_ptr, starts_ptr, member, first, ROWS,
-                                             FP32_ALIGN, HALF_ALIGN)
+                                             FP32_ALIGN, HALF_ALIGN, NARROW)
     for tile in range(first, tiles, step):
         member_next = advance(starts_ptr, member, tile + step)
         master_next, old_next, own_next, numel_next, offsets_next = _load(
             master_ptr, model_ptr, offsets_ptr, width, numels_ptr, starts_ptr, member_next,
-            tile + step, ROWS, FP32_ALIGN, HALF_ALIGN)
+            tile + step, ROWS, FP32_ALIGN, HALF_ALIGN, NARROW)
         _tile(model_ptr, dirty_ptr, offsets_ptr, width, counts_ptr, slab_ptr,
               index_ptr, old_ptr, total, tile, master, old, member, own, numel, offsets,
               PAYLOAD, NAN_ABOVE, COPY, ROWS, SLAB, False, HALF_ALIGN)
@@ -128,7 +131,7 @@ def _record_dense(master_ptr, model_ptr, dirty_ptr, offsets_ptr, width, numels_p
                   starts_ptr, counts_ptr, firsts_ptr, index_ptr, old_ptr, tiles, total, steps,
                   PAYLOAD: tl.constexpr, NAN_ABOVE: tl.constexpr, COPY: tl.constexpr,
                   ROWS: tl.constexpr, SLAB: tl.constexpr,
-                  FP32_ALIGN: tl.constexpr, HALF_ALIGN: tl.constexpr):
+                  FP32_ALIGN: tl.constexpr, HALF_ALIGN: tl.constexpr, NARROW: tl.constexpr):
     """The tiles the first pass left (more than SLAB first-seen pairs), one program each,
     their pairs written straight into the outputs from the tile's first slot."""
     tile = tl.program_id(0)
@@ -136,7 +139,7 @@ def _record_dense(master_ptr, model_ptr, dirty_ptr, offsets_ptr, width, numels_p
         member = locate(starts_ptr, tile, steps)
         master, old, own, numel, offsets = _load(master_ptr, model_ptr, offsets_ptr, width,
                                                  numels_ptr, starts_ptr, member, tile, ROWS,
-                                                 FP32_ALIGN, HALF_ALIGN)
+                                                 FP32_ALIGN, HALF_ALIGN, NARROW)
         _tile(model_ptr, dirty_ptr, offsets_ptr, width, counts_ptr, firsts_ptr,
               index_ptr, old_ptr, total, tile, master, old, member, own, numel, offsets,
               PAYLOAD, NAN_ABOVE, COPY, ROWS, ROWS * 8, True, HALF_ALIGN)
@@ -169,7 +172,8 @@ def record_batch(members: Sequence[tuple[torch.Tensor, torch.Tensor, torch.Tenso
         config = {"PAYLOAD": _PAYLOAD[dtype], "NAN_ABOVE": _NAN_ABOVE[dtype], "COPY": copy,
                   "ROWS": ROWS, "SLAB": capacity, "num_warps": WARPS,
                   "FP32_ALIGN": _FP32_ALIGN if group.aligned else 1,
-                  "HALF_ALIGN": _HALF_ALIGN if group.aligned else 1}
+                  "HALF_ALIGN": _HALF_ALIGN if group.aligned else 1,
+                  "NARROW": narrow(group.numel, ROWS)}
         tables = (*flats[group.members[0]], group.offsets, group.offsets.shape[1], group.numels,
                   group.starts, counts)
         _record[(programs(group.tiles, device, waves=WAVES),)](
@@ -194,7 +198,7 @@ def record_batch(members: Sequence[tuple[torch.Tensor, torch.Tensor, torch.Tenso
                               old[0].view(group.key).split(counts)):
             found[at] = tuple(parts)
 
-    with torch.cuda.device(device.index):
+    with on_device(device):
         batch.pipelined(batch.plan(flats, dtypes, tile_elements=ROWS * 8), launch,
                         lambda launched: launched[-1], finish)
     return found

@@ -16,12 +16,12 @@ handling as ``inversion._invert_chunk``, with the same fp32 roundings in the sam
 ``invert_batch`` takes the tensors of a whole sync at once (``batch.py``: groups of
 tensors with the same step and payload, walked as one tile space, one host
 synchronisation per group). ``_mark`` reads ``p``, ``m``, ``v`` once (12 bytes per
-element), tile by tile (``staging.py``), and writes a count per tile and, where at most
-``1 / SLAB_FRACTION`` of a tile's elements changed, their offsets and bounds into the
-tile's slab (1 byte of scratch per element); ``staging.gather`` moves the slabs into
-sorted outputs (as ``torch.nonzero`` would order them). A tile with more changes than
-its slab holds is recomputed by ``_dense``, which writes them straight into the outputs
-(launched only when such a tile exists).
+element), tile by tile (``staging.py``), and writes a count per tile and the offsets and
+bounds of its first changes into the tile's slab (``1 / SLAB_FRACTION`` of its elements,
+1 byte of scratch per element); ``staging.gather`` moves the slabs into sorted outputs
+(as ``torch.nonzero`` would order them). A tile with more changes than its slab holds is
+recomputed by ``_dense``, which writes them straight into the outputs (launched only
+when such a tile exists). Offsets within a member are int32 where its size allows.
 
 The term ``mu`` needs an IEEE division ``1 / d`` per element; where it is below half an
 ulp of the rest of the guard it cannot change the rounded sum, so a tile computes it only
@@ -42,8 +42,8 @@ import triton.language as tl
 from . import batch
 from .changes import ChangeSet
 from .inversion import _HALF_ETA, AdamWStep, _corrections, decay_factor, guard_scalars
-from .staging import (advance, gather, locate, member_offset, place, programs, read_limit,
-                      stage, tile_offsets)
+from .staging import (advance, gather, locate, member_offset, narrow, on_device, place,
+                      programs, read_limit, stage_counted, tile_offsets)
 
 ROWS = 128
 """Rows of 8 elements per tile (``staging.py``)."""
@@ -60,6 +60,7 @@ _FP32_ALIGN = batch.VECTOR_BYTES // 4
 _MU_SCALE: tl.constexpr = tl.constexpr(2.0**25 * 1.01)
 _MU_FLOOR: tl.constexpr = tl.constexpr(2.0**-48)
 _GUARD_SCALE: tl.constexpr = tl.constexpr(2.0**75)
+_FP32_MAX: tl.constexpr = tl.constexpr(torch.finfo(torch.float32).max)
 
 
 def fp32(value: float) -> float:
@@ -93,12 +94,13 @@ def _config(h: AdamWStep, guard_ulps: float) -> tuple[tuple[float, ...], bool]:
 @triton.jit
 def _payload_bits(x, PAYLOAD: tl.constexpr):
     """The 16 bits of ``x`` cast to the payload dtype, zero-extended into int32."""
-    return x.to(PAYLOAD).to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
+    return x.to(PAYLOAD).to(tl.uint16, bitcast=True).to(tl.int32)
 
 
 @triton.jit
 def _finite(x):
-    return (x.to(tl.int32, bitcast=True) & 0x7F800000) != 0x7F800000
+    # one float compare (NaN compares false), where an exponent test takes two integer ops
+    return tl.abs(x) <= _FP32_MAX
 
 
 @triton.jit
@@ -130,10 +132,11 @@ def _verdict(p, m, v, inv_sqrt_bc2, eps, step_size, inv_decay, relative, bias, f
     high = tl.where((high & 0x7FFF) == 0, 0, high)  # and +0 above
     new = _payload_bits(p, PAYLOAD)
     same = (low == new) & (high == new)
+    # the reference's (p != 0) | (p is -0) and (p is -0), as one integer compare each
     if DECAY_IS_ONE:
-        still = (p != 0) | ((p == 0) & (p.to(tl.int32, bitcast=True) < 0))
+        still = p.to(tl.int32, bitcast=True) != 0
     else:
-        still = (p == 0) & (p.to(tl.int32, bitcast=True) < 0)
+        still = p.to(tl.int32, bitcast=True) == -2147483648
     exact = (m == 0) & still
     finite = _finite(p) & _finite(u)
     changed = ((same | exact) & finite) == 0
@@ -144,16 +147,17 @@ def _verdict(p, m, v, inv_sqrt_bc2, eps, step_size, inv_decay, relative, bias, f
 
 @triton.jit
 def _load(p_ptr, m_ptr, v_ptr, offsets_ptr, width, numels_ptr, starts_ptr, member, tile,
-          ROWS: tl.constexpr, ALIGN: tl.constexpr):
-    """A tile's ``p``, ``m``, ``v``, its member's size and the member-local offsets."""
-    offsets, _, _ = tile_offsets(tile - tl.load(starts_ptr + member), ROWS)
-    numel = tl.load(numels_ptr + member)
+          ROWS: tl.constexpr, ALIGN: tl.constexpr, NARROW: tl.constexpr):
+    """A tile's ``p``, ``m``, ``v``, its member's size and the member-local offsets
+    (int32 with ``NARROW``; the member's base pointers are formed once per tile)."""
+    offsets, _, _ = tile_offsets(tile - tl.load(starts_ptr + member), ROWS, NARROW)
+    numel = tl.load(numels_ptr + member).to(offsets.dtype)
     inside = offsets < read_limit(numel, ALIGN)
-    p = tl.load(p_ptr + (member_offset(offsets_ptr, member, ALIGN) + offsets), mask=inside,
+    p = tl.load((p_ptr + member_offset(offsets_ptr, member, ALIGN)) + offsets, mask=inside,
                 other=0.0, eviction_policy="evict_first")
-    m = tl.load(m_ptr + (member_offset(offsets_ptr, width + member, ALIGN) + offsets),
+    m = tl.load((m_ptr + member_offset(offsets_ptr, width + member, ALIGN)) + offsets,
                 mask=inside, other=0.0, eviction_policy="evict_first")
-    v = tl.load(v_ptr + (member_offset(offsets_ptr, 2 * width + member, ALIGN) + offsets),
+    v = tl.load((v_ptr + member_offset(offsets_ptr, 2 * width + member, ALIGN)) + offsets,
                 mask=inside, other=0.0, eviction_policy="evict_first")
     return p, m, v, numel, offsets
 
@@ -162,27 +166,25 @@ def _load(p_ptr, m_ptr, v_ptr, offsets_ptr, width, numels_ptr, starts_ptr, membe
 def _mark(p_ptr, m_ptr, v_ptr, offsets_ptr, width, numels_ptr, starts_ptr, counts_ptr,
           slab_ptr, tiles, inv_sqrt_bc2, eps, step_size, inv_decay, relative, bias, floor,
           underflow, half_eta, DECAY_IS_ONE: tl.constexpr, PAYLOAD: tl.constexpr,
-          ROWS: tl.constexpr, SLAB: tl.constexpr, ALIGN: tl.constexpr):
-    """Per tile: the count of changed elements and, if at most SLAB, their tile offsets
-    and bounds staged in the tile's slab. Reads the next tile first."""
+          ROWS: tl.constexpr, SLAB: tl.constexpr, ALIGN: tl.constexpr,
+          NARROW: tl.constexpr):
+    """Per tile: the count of changed elements and the tile offsets and bounds of the
+    first SLAB of them staged in the tile's slab. Reads the next tile first."""
     first, step = tl.program_id(0), tl.num_programs(0)
     member = advance(starts_ptr, first.to(tl.int64) * 0, first)
     p, m, v, numel, offsets = _load(p_ptr, m_ptr, v_ptr, offsets_ptr, width, numels_ptr,
-                                    starts_ptr, member, first, ROWS, ALIGN)
+                                    starts_ptr, member, first, ROWS, ALIGN, NARROW)
     _, _, local = tile_offsets(0, ROWS)
     for tile in range(first, tiles, step):
         member = advance(starts_ptr, member, tile + step)
         p_next, m_next, v_next, numel_next, offsets_next = _load(
             p_ptr, m_ptr, v_ptr, offsets_ptr, width, numels_ptr, starts_ptr, member,
-            tile + step, ROWS, ALIGN)
+            tile + step, ROWS, ALIGN, NARROW)
         changed, low, high = _verdict(p, m, v, inv_sqrt_bc2, eps, step_size, inv_decay,
                                       relative, bias, floor, underflow, half_eta,
                                       DECAY_IS_ONE, PAYLOAD)
         flags = (changed & (offsets < numel)).to(tl.int32)
-        count = tl.sum(tl.sum(flags, axis=1), axis=0)
-        tl.store(counts_ptr + tile, count)
-        if count <= SLAB:
-            stage(slab_ptr, tile, flags, local, low, high, SLAB)
+        stage_counted(slab_ptr, counts_ptr, tile, flags, local, low, high, SLAB)
         p, m, v, numel, offsets = p_next, m_next, v_next, numel_next, offsets_next
 
 
@@ -191,13 +193,13 @@ def _dense(p_ptr, m_ptr, v_ptr, offsets_ptr, width, numels_ptr, starts_ptr, coun
            firsts_ptr, index_ptr, bounds_ptr, total, steps, inv_sqrt_bc2, eps, step_size,
            inv_decay, relative, bias, floor, underflow, half_eta, DECAY_IS_ONE: tl.constexpr,
            PAYLOAD: tl.constexpr, ROWS: tl.constexpr, SLAB: tl.constexpr,
-           ALIGN: tl.constexpr):
+           ALIGN: tl.constexpr, NARROW: tl.constexpr):
     """The tiles ``_mark`` could not stage: recomputed, written straight into the outputs."""
     tile = tl.program_id(0)
     if tl.load(counts_ptr + tile) > SLAB:
         p, m, v, numel, offsets = _load(p_ptr, m_ptr, v_ptr, offsets_ptr, width, numels_ptr,
                                         starts_ptr, locate(starts_ptr, tile, steps), tile, ROWS,
-                                        ALIGN)
+                                        ALIGN, NARROW)
         changed, low, high = _verdict(p, m, v, inv_sqrt_bc2, eps, step_size, inv_decay,
                                       relative, bias, floor, underflow, half_eta,
                                       DECAY_IS_ONE, PAYLOAD)
@@ -230,7 +232,8 @@ def invert_batch(flats: Sequence[tuple[torch.Tensor, torch.Tensor, torch.Tensor]
         counts = torch.empty(group.tiles, dtype=torch.int32, device=device)
         staged = torch.empty(group.tiles * slab, dtype=torch.int64, device=device)
         config = {"DECAY_IS_ONE": decay_is_one, "PAYLOAD": _PAYLOAD[dtype], "ROWS": ROWS,
-                  "SLAB": slab, "ALIGN": _FP32_ALIGN if group.aligned else 1, **_FIXED}
+                  "SLAB": slab, "ALIGN": _FP32_ALIGN if group.aligned else 1,
+                  "NARROW": narrow(group.numel, ROWS), **_FIXED}
         tables = (*flats[group.members[0]], group.offsets, group.offsets.shape[1], group.numels,
                   group.starts, counts)
         _mark[(programs(group.tiles, device, waves=WAVES),)](
@@ -258,7 +261,7 @@ def invert_batch(flats: Sequence[tuple[torch.Tensor, torch.Tensor, torch.Tensor]
                               bounds[1].view(dtype).split(counts)):
             found[at] = ChangeSet(*parts)
 
-    with torch.cuda.device(device.index):
+    with on_device(device):
         batch.pipelined(batch.plan(flats, keys, tile_elements=ROWS * 8), launch,
                         lambda launched: launched[-1], finish)
     return found

@@ -6,14 +6,17 @@ programs per multiprocessor, each reading its next tile while it works on the cu
 (so that loads stay in flight during the arithmetic). It stages the selected elements of
 a tile (their offset in the tile and one or two 16-bit values, packed into one int32 or
 int64 word) in the tile's slab of ``SLAB`` slots, in index order, and writes the tile's
-count. A tile with more than ``SLAB`` selected elements stages nothing: a second pass
-(the kernel's ``dense`` pass, launched only when such a tile exists) recomputes it and
+count. A tile with more than ``SLAB`` selected elements stages nothing (or, through
+``stage_counted``, its first ``SLAB``, which ``gather`` skips): a second pass (the
+kernel's ``dense`` pass, launched only when such a tile exists) recomputes it and
 writes its elements straight into the outputs. A cumulative sum of the counts gives each
 tile's first output slot, and ``gather`` moves the slabs there: per member, sorted flat
 indices and their values, as ``torch.nonzero`` and a gather would give them.
 """
 
 from __future__ import annotations
+
+import contextlib
 
 import torch
 import triton
@@ -70,10 +73,16 @@ def read_limit(numel, ALIGN: tl.constexpr):
 
 
 @triton.jit
-def tile_offsets(tile, ROWS: tl.constexpr):
-    """Flat offsets of a ``[ROWS, 8]`` tile, its column numbers, and offsets within it."""
+def tile_offsets(tile, ROWS: tl.constexpr, NARROW: tl.constexpr = False):
+    """Flat offsets of a ``[ROWS, 8]`` tile, its column numbers, and offsets within it;
+    int64 offsets unless ``NARROW`` (the caller knows they stay below 2**31: int32
+    compares and adds are one instruction, int64 ones two)."""
     local = tl.arange(0, ROWS)[:, None] * 8 + tl.arange(0, 8)[None, :]
-    return tl.cast(tile, tl.int64) * (ROWS * 8) + local, tl.arange(0, 8)[None, :], local
+    if NARROW:
+        offsets = tl.cast(tile, tl.int32) * (ROWS * 8) + local
+    else:
+        offsets = tl.cast(tile, tl.int64) * (ROWS * 8) + local
+    return offsets, tl.arange(0, 8)[None, :], local
 
 
 @triton.jit
@@ -88,10 +97,32 @@ def stage(slab_ptr, tile, flags, local, first, second, SLAB: tl.constexpr):
     """Stage the flagged elements of a tile in its slab, in index order, one word each:
     the offset in the tile in bits 0-15, ``first`` in 16-31, ``second`` in 32-47 (an
     int32 slab keeps the first two)."""
-    word = (local.to(tl.int64) | (first.to(tl.int64) & 0xFFFF) << 16
-            | (second.to(tl.int64) & 0xFFFF) << 32)
-    tl.store(slab_ptr + tl.cast(tile, tl.int64) * SLAB + slots(flags),
-             word.to(slab_ptr.dtype.element_ty), mask=flags != 0)
+    _put(slab_ptr, tile, flags != 0, slots(flags), local, first, second, SLAB)
+
+
+@triton.jit
+def stage_counted(slab_ptr, counts_ptr, tile, flags, local, first, second,
+                  SLAB: tl.constexpr):
+    """``stage`` for a tile of any count, and the count: the first ``SLAB`` flagged
+    elements go to the slab (``_gather`` skips a denser tile's slab, the dense pass
+    writes it). One block-wide scan gives both the slots and the count, where a
+    separate sum and a branch on it would cost a second block-wide reduction."""
+    per_row = tl.sum(flags, axis=1)
+    ends = tl.cumsum(per_row, axis=0)
+    rank = (ends - per_row)[:, None] + tl.cumsum(flags, axis=1) - flags
+    last = tl.arange(0, per_row.shape[0]) == per_row.shape[0] - 1
+    tl.store(counts_ptr + tile + tl.zeros_like(ends), ends, mask=last)
+    _put(slab_ptr, tile, (flags != 0) & (rank < SLAB), rank, local, first, second, SLAB)
+
+
+@triton.jit
+def _put(slab_ptr, tile, keep, rank, local, first, second, SLAB: tl.constexpr):
+    # the halves in int32, so that the int64 word is only their placement
+    low = local | (first.to(tl.int32) & 0xFFFF) << 16
+    word = ((second.to(tl.int32) & 0xFFFF).to(tl.int64) << 32
+            | low.to(tl.uint32, bitcast=True).to(tl.int64))
+    tl.store(slab_ptr + tl.cast(tile, tl.int64) * SLAB + rank,
+             word.to(slab_ptr.dtype.element_ty), mask=keep)
 
 
 @triton.jit
@@ -126,9 +157,19 @@ def _gather(counts_ptr, firsts_ptr, slab_ptr, starts_ptr, index_ptr, values_ptr,
                  mask=staged)
 
 
+def narrow(numel: int, rows: int) -> bool:
+    """Whether a group whose largest member has ``numel`` elements addresses its tiles of
+    ``[rows, 8]`` with int32 offsets (``tile_offsets``' ``NARROW``): the last tile's
+    offsets reach ``numel + rows * 8 - 1``."""
+    return numel + rows * 8 - 1 < 2**31
+
+
 def programs(tiles: int, device: torch.device, *, waves: int) -> int:
     """How many programs walk ``tiles`` tiles on ``device``: ``waves`` per multiprocessor,
-    each taking tiles ``program, program + programs, ...``."""
+    each taking tiles ``program, program + programs, ...`` (Triton's interpreter, on the
+    CPU, counts as one multiprocessor)."""
+    if device.type != "cuda":
+        return max(1, min(tiles, waves))
     sms = torch.cuda.get_device_properties(device).multi_processor_count
     return max(1, min(tiles, sms * waves))
 
@@ -153,3 +194,9 @@ def gather(counts: torch.Tensor, firsts: torch.Tensor, total: int, slab: torch.T
             counts, firsts, slab, starts, indices, staged, tiles, total, steps, VALUES=values,
             ROWS=rows, SLAB=capacity, TILES=per_program, num_warps=4)
     return indices, staged
+
+
+def on_device(device: torch.device) -> contextlib.AbstractContextManager[object]:
+    """Launches on ``device``: its CUDA context, or none for CPU tensors (the tests run
+    the kernels there under Triton's interpreter)."""
+    return torch.cuda.device(device.index) if device.type == "cuda" else contextlib.nullcontext()

@@ -1,0 +1,104 @@
+"""The batched inversion kernels under Triton's interpreter, against the torch reference.
+
+Without a CUDA device the kernels run on CPU tensors under ``TRITON_INTERPRET=1`` (set
+here before the kernel module is first imported), so their tiling, int32 offsets,
+staging, dense pass, gather and groups are checked on any machine; ``test_kernels.py``
+checks them on the GPU. Only fp16 payloads are compared: the interpreter casts fp32 to
+bf16 by truncation, not by the hardware's round-to-nearest-even. The CPU reference
+divides by the step's scalars where torch's CUDA kernels multiply by their fp32
+reciprocals; the fixed inputs below give the same bits either way (a differing element
+fails the test).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+
+import pytest
+import torch
+from detector_cases import bits_of, midpoints
+
+from dte_detector.inversion import GUARD_ULPS, AdamWStep, _invert_chunk
+
+pytestmark = [
+    pytest.mark.skipif(torch.cuda.is_available(), reason="test_kernels.py runs them on the GPU"),
+    pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs triton"),
+]
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+HYPERS = (AdamWStep(lr=3e-6, weight_decay=0.003, eps=1e-8, step=5),
+          AdamWStep(lr=1e-3, weight_decay=0.0, eps=1e-8, step=2),  # no decay: DECAY_IS_ONE
+          AdamWStep(lr=1e-4, weight_decay=0.1, eps=0.0, step=1),
+          AdamWStep(lr=1e-5, weight_decay=0.01, eps=1e-8, step=1000))
+SIZES = (1, 7, 1023, 1024, 1025, 2049, 3001, 5000)
+"""Around the tile of 1,024 elements, ragged last tiles, several tiles per member."""
+
+
+def _specials() -> tuple[torch.Tensor, ...]:
+    """Signed zeros with zero moments, NaN and +-inf masters, an overflowing ``p + u``,
+    subnormals, fp16's overflow edge, ``v = 0``."""
+    midpoint = torch.tensor([0x3F808000], dtype=torch.int32).view(torch.float32).item()
+    master = [midpoint, -0.0, 0.0, 1.0, float("nan"), float("inf"), -float("inf"), 3.4e38,
+              -3.4e38, 1e-40, -1e-45, 65504.0, 65520.0, 0.0]
+    m = [0.0, 0.0, 0.0, -0.0, 1.0, 1.0, -1.0, 5e32, -5e32, 1e-30, -1e-30, 1.0, -1.0, -0.0]
+    v = [1.0, 0.0, 0.0, 0.0, 1.0, 1.0, 1.0, 0.0, 0.0, 0.0, 1e-60, 1.0, 1.0, 0.0]
+    return tuple(torch.tensor(x) for x in (master, m, v))
+
+
+def _members() -> list[tuple[tuple[torch.Tensor, ...], AdamWStep]]:
+    """Masters next to fp16 rounding midpoints (within 2 fp32 ulps) and elsewhere, moments
+    from subnormal to large with exact zeros, each size aligned and one element off a
+    16-byte boundary (scalar loads)."""
+    gen = torch.Generator().manual_seed(0)
+    members = []
+    for k, (n, offset) in enumerate((n, offset) for n in SIZES for offset in (0, 1)):
+        count = n + offset
+        p = torch.randn(count, generator=gen) * (0.02, 1.0, 1e-30, 300.0)[k % 4]
+        near = (midpoints(p, torch.float16).view(torch.int32)
+                + torch.randint(-2, 3, (count,), generator=gen, dtype=torch.int32))
+        p = torch.where(torch.rand(count, generator=gen) < 0.3, near.view(torch.float32), p)
+        m = torch.randn(count, generator=gen) * (1e-3, 1e-8, 1.0, 1e-20)[k % 4]
+        v = torch.rand(count, generator=gen) * (1e-6, 1e-16, 1.0, 1e-40)[k // 2 % 4]
+        m[torch.rand(count, generator=gen) < 0.1] = 0.0
+        v[torch.rand(count, generator=gen) < 0.05] = 0.0
+        if count >= 14:
+            for tensor, special in zip((p, m, v), _specials()):
+                tensor[:14] = special
+        members.append(((p[offset:], m[offset:], v[offset:]), HYPERS[k % len(HYPERS)]))
+    return members
+
+
+@pytest.mark.parametrize("slab_fraction,group_elements,wide",
+                         [(8, 1 << 28, False), (1, 5000, False), (4096, 5000, False),
+                          (8, 5000, True)])
+def test_interpreted_batched_inversion_is_the_reference(monkeypatch, slab_fraction,
+                                                        group_elements, wide):
+    """Every member's indices and fp16 bounds equal the reference's bit for bit: one group
+    or many, the default slab, slabs that hold every element, no slab (every tile with a
+    change through the dense pass), and the int64 offsets of members past 2**31
+    elements."""
+    from triton.runtime.interpreter import InterpretedFunction
+
+    from dte_detector import batch, inversion_kernel
+
+    assert isinstance(inversion_kernel._mark, InterpretedFunction), \
+        "the kernel module was imported before TRITON_INTERPRET was set"
+    monkeypatch.setattr(inversion_kernel, "SLAB_FRACTION", slab_fraction)
+    monkeypatch.setattr(batch, "GROUP_ELEMENTS", group_elements)
+    if wide:
+        monkeypatch.setattr(inversion_kernel, "narrow", lambda numel, rows: False)
+    members = _members()
+    found = inversion_kernel.invert_batch([flat for flat, _ in members],
+                                          [hyper for _, hyper in members],
+                                          [torch.float16] * len(members),
+                                          guard_ulps=GUARD_ULPS)
+    changed = 0
+    for (flat, hyper), actual in zip(members, found):
+        indices, low, high = _invert_chunk(*flat, hyper, torch.float16, GUARD_ULPS)
+        assert indices.tolist() == actual.indices.tolist()
+        assert bits_of(low) == bits_of(actual.base_low)
+        assert bits_of(high) == bits_of(actual.base_high)
+        changed += indices.numel()
+    assert 0 < changed < sum(flat[0].numel() for flat, _ in members)
