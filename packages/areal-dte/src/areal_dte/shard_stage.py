@@ -29,6 +29,7 @@ import torch
 from dte_codec import Kind, Payload
 from dte_codec.apply import Prepared, Staged, check_fit
 from dte_codec.batched_remap import RemapItem, remap_all
+from dte_codec.dispatch import fused
 from dte_codec.errors import GeometryError
 from dte_codec.fields import batched
 from dte_codec.flat_values import resolve_residues
@@ -36,6 +37,7 @@ from dte_codec.geometry import Piece, Shard, Transfer, plan
 from dte_codec.header import Entry, ValueEncoding
 from dte_codec.region import Box
 from dte_codec.remap import Remapped
+from dte_codec.routes import Routes, StagedRoutes, stage_routed
 from dte_codec.values import decode_values
 
 
@@ -53,6 +55,9 @@ class ShardStage:
     pieces: Mapping[str, tuple[Piece, ...]]
     """Per sender tensor, the same boxes as pieces (region: the box in the sender's
     tensor; local: where the shard holds it)."""
+    _routes: dict[torch.device, Routes] = attrs.field(factory=dict, init=False, eq=False,
+                                                      repr=False)
+    """Per device where the kernels run, the plan as device tables (built on first use)."""
 
     @classmethod
     def of(cls, source: Shard, shard: Shard,
@@ -104,9 +109,14 @@ class ShardStage:
 
     def _sparse(self, weights: Mapping[str, torch.Tensor],
                 entries: list[tuple[Entry, torch.Tensor, tuple[torch.Tensor, ...]]]
-                ) -> list[list[Staged]]:
-        """Every sparse entry remapped in one ``remap_all`` and its values resolved
+                ) -> list[list[Staged | StagedRoutes]]:
+        """Every sparse entry staged: where the kernels run, all of them routed at once
+        (``dte_codec.routes``, given as the first entry's writes); otherwise, or where
+        the routes give way, remapped in one ``remap_all`` with their values resolved
         (residues of all entries on a GPU together), as writes into the local tensors."""
+        routed = self._routed(weights, entries)
+        if routed is not None:
+            return [[routed]] + [[] for _ in entries[1:]]
         items = [RemapItem(self.transfers[entry.name], entry.shape,
                            self._on_rank(weights, entry.name, indices), tensor=entry.name)
                  for entry, indices, _ in entries]
@@ -117,6 +127,22 @@ class ShardStage:
         return [[Staged(name, weights[name], r.indices, new[r.positions], keep_undo=True)
                  for name, r in where.items()]
                 for where, new in zip(routed, values)]
+
+    def _routed(self, weights: Mapping[str, torch.Tensor],
+                entries: list[tuple[Entry, torch.Tensor, tuple[torch.Tensor, ...]]]
+                ) -> StagedRoutes | None:
+        device = next(iter(weights.values())).device if weights else None
+        if device is None or not entries or not fused(device) or any(
+                t.device != device for t in weights.values()):
+            return None
+        routes = self._routes.get(device)
+        if routes is None:
+            routes = self._routes[device] = Routes.of(
+                self.transfers, {n: tuple(t.shape) for n, t in self.canonical.items()},
+                {n: t.dtype for n, t in self.canonical.items()}, weights, device)
+        moved = [(entry, indices.to(device), tuple(s.to(device) for s in sections))
+                 for entry, indices, sections in entries]
+        return stage_routed(routes, weights, moved)
 
     def _on_rank(self, weights: Mapping[str, torch.Tensor], name: str,
                  indices: torch.Tensor) -> torch.Tensor:

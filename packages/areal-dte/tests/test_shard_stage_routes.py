@@ -1,0 +1,132 @@
+"""ShardStage's routed path (``dte_codec.routes``: every sparse entry routed, gathered and
+scattered by the kernels) against its reference (``remap_all`` per target, torch ops),
+bit for bit, on SGLang ranks fed by Hugging Face- and Megatron-layout senders.
+
+On a CUDA device the kernels run there (marker ``gpu``); on the CPU under Triton's
+interpreter (``dispatch.interpreted``), switched on before the kernels are first imported.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import os
+
+import pytest
+import torch
+from areal_dte.shard_stage import ShardStage
+from bitwise import first_difference
+from dte_codec import decode, encode_delta
+from dte_codec.dispatch import interpreted
+from dte_codec.geometry import materialize
+from dte_codec.layouts import hf_shard
+from dte_codec.megatron_layout import MegatronLayout, megatron_shard
+from dte_codec.routes import StagedRoutes
+from dte_codec.sglang_layout import SGLangLayout, sglang_shard
+from dte_detector import diff
+from dte_transport import Receiver, Rejection
+from test_shard_stage import DENSE, MOE, PADDING, _canonical, _step
+
+CUDA = torch.cuda.is_available()
+DEVICE = "cuda" if CUDA else "cpu"
+if not CUDA:
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None,
+                                reason="needs triton")
+
+CASES = [(DENSE, SGLangLayout(), "hf"), (DENSE, SGLangLayout(tp=2, vocab_padding=3), "hf"),
+         (MOE, SGLangLayout(tp=2, ep=2), "hf"), (DENSE, SGLangLayout(tp=2), "megatron"),
+         (MOE, SGLangLayout(tp=2), "megatron")]
+IDS = [f"{'moe' if c.is_moe else 'dense'}-tp{l.tp}-ep{l.ep}-pad{l.vocab_padding}-{s}"
+       for c, l, s in CASES]
+
+
+def kernels() -> contextlib.AbstractContextManager[None]:
+    return contextlib.nullcontext() if CUDA else interpreted()
+
+
+def _source(config, kind: str):
+    return hf_shard(config) if kind == "hf" else megatron_shard(config, MegatronLayout(), rank=0)
+
+
+def _pair(config, layout, source, canonical, rank):
+    """The rank's shard, a reference receiver on the CPU and a routed one on ``DEVICE``,
+    both holding a full load of ``canonical`` at version 1."""
+    shard = sglang_shard(config, layout, rank=rank)
+    out = []
+    for device in ("cpu", DEVICE):
+        local = {n: t.to(device) for n, t in
+                 materialize(shard, canonical, fill=PADDING).items()}
+        receiver = Receiver(local, stage=ShardStage.of(source, shard, local))
+        receiver.version, receiver.stream_id = 1, "s"
+        out.append(receiver)
+    return shard, out[0], out[1]
+
+
+def _delta(config, source, old, new):
+    before, after = materialize(source, old), materialize(source, new)
+    return encode_delta(after, {n: diff(before[n], after[n]) for n in after}, stream_id="s",
+                        base_version=1, version=2)
+
+
+def _cpu(weights):
+    return {n: t.cpu() for n, t in weights.items()}
+
+
+@pytest.mark.parametrize(("config", "layout", "kind"), CASES, ids=IDS)
+@pytest.mark.parametrize("rate", [0.02, 0.4])
+def test_routed_delta_equals_the_reference(config, layout, kind, rate):
+    """Every rank's tensors after a routed delta equal the reference's bit for bit, and
+    the routed path staged every sparse entry (no silent fallback)."""
+    source = _source(config, kind)
+    old = _canonical(config, 0)
+    data = _delta(config, source, old, _step(old, 1, rate))
+    for rank in range(layout.tp):
+        _, reference, routed = _pair(config, layout, source, old, rank)
+        assert reference.receive(data).accepted
+        with kernels():
+            staged = routed.stage(routed.weights, decode(data, device=DEVICE)).entries
+            assert [StagedRoutes] == [type(s) for s in staged if not hasattr(s, "where")]
+            assert routed.receive(data).accepted
+        assert first_difference(reference.weights, _cpu(routed.weights)) is None
+
+
+def test_routed_write_failure_restores_the_rank(monkeypatch):
+    """A routed write that fails after scattering leaves the rank at its version, bit
+    for bit (the undo log is the gather taken before the write)."""
+    config, layout = DENSE, SGLangLayout(tp=2)
+    source = _source(config, "megatron")
+    old = _canonical(config, 0)
+    data = _delta(config, source, old, _step(old, 1, 0.3))
+    original = StagedRoutes.write
+
+    def write(self):
+        original(self)
+        raise RuntimeError("device lost")
+
+    monkeypatch.setattr(StagedRoutes, "write", write)
+    _, reference, routed = _pair(config, layout, source, old, 1)
+    with kernels():
+        ack = routed.receive(data)
+    assert (False, 1, Rejection.APPLY_FAILED) == (ack.accepted, ack.version, ack.rejection)
+    assert first_difference(reference.weights, _cpu(routed.weights)) is None
+
+
+def test_unresolvable_residues_are_refused_as_by_the_reference():
+    """Residues sent against other base values than the rank holds (+inf everywhere here)
+    resolve out of range: the routed receiver gives way to the reference and refuses the
+    delta with its error, writing nothing."""
+    config, layout = DENSE, SGLangLayout()
+    source = _source(config, "hf")
+    old = _canonical(config, 0)
+    data = _delta(config, source, old, _step(old, 1, 0.3))
+    held = {n: torch.full_like(t, float("inf")) for n, t in old.items()}
+    _, reference, routed = _pair(config, layout, source, held, 0)
+    expected = reference.receive(data)
+    with kernels():
+        got = routed.receive(data)
+    assert (False, Rejection.BAD_PAYLOAD) == (expected.accepted, expected.rejection)
+    assert (expected.accepted, expected.rejection, expected.detail) == (
+        got.accepted, got.rejection, got.detail)
+    assert first_difference(reference.weights, _cpu(routed.weights)) is None

@@ -1,0 +1,106 @@
+"""Triton kernels that route every changed element of a payload to its place in a shard's
+local tensors, and move values along those routes, one launch each for all entries.
+
+The flat space is the payload's sparse entries back to back (entry ``e`` owns positions
+``start[e] ..``; its element ``r`` is element ``indices[e][r]`` of its source tensor).
+Per entry the ``entries`` table holds the address and item size of its index tensor, its
+source shape (right-aligned strides and sizes) and its run of transfers in the
+``transfers`` table; per transfer: its target tensor, its source box per dimension and
+the affine map to the target's flat index (``remap._affine``). ``_route`` writes per
+element the target tensor (-1: no local piece holds it) and the target flat index, and
+counts indices outside their tensor and elements that two transfers reach (the caller
+falls back to the reference for both). ``_move`` gathers the targets' values at the
+routes into per-entry value buffers (0 where unrouted: the +0.0 base) or scatters them.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from .kernel_bits import block_positions, column, load_int, segment_of, store_int
+
+BLOCK = 1024
+# columns of the per-entry table (then the strides, then the sizes of the source shape)
+START, INDEX_AT, INDEX_SIZE, NUMEL, FIRST, COUNT, ITEMSIZE, SHAPE = (
+    tl.constexpr(c) for c in range(8))
+# columns of the per-transfer table (then per dimension its weight, low and high bound)
+TENSOR, SHIFT, AFFINE = (tl.constexpr(c) for c in range(3))
+# the flags ``_route`` counts
+OUT_OF_RANGE, TWICE = (tl.constexpr(c) for c in range(2))
+
+
+@triton.jit
+def _entry(entries, c, segments, seg):
+    return column(entries, c, segments, seg)
+
+
+@triton.jit(do_not_specialize=["segments", "total", "transfers"])
+def _route(entries, segments, total, table, transfers, tensor_out, flat_out, flags,
+           DIMS: tl.constexpr, LOG: tl.constexpr, BLOCK: tl.constexpr):
+    _, k, valid = block_positions(total, BLOCK)
+    seg = segment_of(entries, segments, k, LOG)
+    rank = k - _entry(entries, START, segments, seg)
+    index = load_int(_entry(entries, INDEX_AT, segments, seg), rank,
+                     _entry(entries, INDEX_SIZE, segments, seg), valid)
+    outside = valid & ((index < 0) | (index >= _entry(entries, NUMEL, segments, seg)))
+    first = _entry(entries, FIRST, segments, seg)
+    count = tl.where(valid & ~outside, _entry(entries, COUNT, segments, seg), 0)
+    hits = count * 0
+    target = hits - 1
+    flat = hits
+    for t in range(tl.max(count, 0)):
+        row = first + t
+        inside = t < count
+        at = tl.load(table + SHIFT * transfers + row, mask=inside, other=0)
+        for d in tl.static_range(DIMS):
+            stride = _entry(entries, SHAPE + d, segments, seg)
+            size = _entry(entries, SHAPE + DIMS + d, segments, seg)
+            coord = (index // stride) % size
+            base = table + (AFFINE + 3 * d) * transfers + row
+            low = tl.load(base + transfers, mask=inside, other=0)
+            high = tl.load(base + 2 * transfers, mask=inside, other=0)
+            inside = inside & (coord >= low) & (coord < high)
+            at += coord * tl.load(base, mask=inside, other=0)
+        hits += inside.to(tl.int64)
+        target = tl.where(inside, tl.load(table + TENSOR * transfers + row, mask=inside, other=0),
+                          target)
+        flat = tl.where(inside, at, flat)
+    tl.store(tensor_out + k, target.to(tl.int32), mask=valid)
+    tl.store(flat_out + k, flat, mask=valid)
+    tl.atomic_add(flags + OUT_OF_RANGE, tl.sum(outside.to(tl.int64), 0))
+    tl.atomic_add(flags + TWICE, tl.sum((hits > 1).to(tl.int64), 0))
+
+
+@triton.jit(do_not_specialize=["segments", "total"])
+def _move(entries, segments, total, addresses, tensor_of, flat_of, tensors, LOG: tl.constexpr,
+          BLOCK: tl.constexpr, TO_VALUES: tl.constexpr):
+    _, k, valid = block_positions(total, BLOCK)
+    seg = segment_of(entries, segments, k, LOG)
+    rank = k - _entry(entries, START, segments, seg)
+    size = _entry(entries, ITEMSIZE, segments, seg)
+    values = tl.load(addresses + seg, mask=valid, other=0)
+    tensor = tl.load(tensor_of + k, mask=valid, other=-1)
+    routed = valid & (tensor >= 0)
+    index = tl.load(flat_of + k, mask=routed, other=0)
+    address = tl.load(tensors + tl.maximum(tensor, 0), mask=routed, other=0)
+    if TO_VALUES:
+        store_int(values, rank, load_int(address, index, size, routed), size, valid)
+    else:
+        store_int(address, index, load_int(values, rank, size, routed), size, routed)
+
+
+def route(entries, segments: int, total: int, table, tensor_out, flat_out, flags, *,
+          dims: int, log: int) -> None:
+    """Launch ``_route`` over ``total`` elements of ``segments`` entries."""
+    _route[(triton.cdiv(total, BLOCK),)](entries, segments, total, table, table.shape[1],
+                                         tensor_out, flat_out, flags, DIMS=dims, LOG=log,
+                                         BLOCK=BLOCK)
+
+
+def move(entries, segments: int, total: int, addresses, tensor_of, flat_of, tensors, *,
+         log: int, to_values: bool) -> None:
+    """Launch ``_move`` over ``total`` elements of ``segments`` entries."""
+    _move[(triton.cdiv(total, BLOCK),)](entries, segments, total, addresses, tensor_of,
+                                        flat_of, tensors, LOG=log, BLOCK=BLOCK,
+                                        TO_VALUES=to_values)
