@@ -1,6 +1,8 @@
-"""ShardStage's routed path (``dte_codec.routes``: every sparse entry routed, gathered and
-scattered by the kernels) against its reference (``remap_all`` per target, torch ops),
-bit for bit, on SGLang ranks fed by Hugging Face- and Megatron-layout senders.
+"""ShardStage's kernel paths against their references, bit for bit, on SGLang ranks fed
+by Hugging Face- and Megatron-layout senders: deltas routed (``dte_codec.routes``: every
+sparse entry routed, gathered and scattered by the kernels; reference ``remap_all`` per
+target) and full versions copied (``dte_codec.box_copy``; reference one ``copy_`` per
+box).
 
 On a CUDA device the kernels run there (marker ``gpu``); on the CPU under Triton's
 interpreter (``dispatch.interpreted``), switched on before the kernels are first imported.
@@ -16,7 +18,9 @@ import pytest
 import torch
 from areal_dte.shard_stage import ShardStage
 from bitwise import first_difference
-from dte_codec import decode, encode_delta
+from dte_codec import decode, encode_delta, encode_full
+from dte_codec import box_copy
+from dte_codec.box_copy import StagedCopies
 from dte_codec.dispatch import interpreted
 from dte_codec.geometry import materialize
 from dte_codec.layouts import hf_shard
@@ -130,3 +134,33 @@ def test_unresolvable_residues_are_refused_as_by_the_reference():
     assert (expected.accepted, expected.rejection, expected.detail) == (
         got.accepted, got.rejection, got.detail)
     assert first_difference(reference.weights, _cpu(routed.weights)) is None
+
+
+@pytest.mark.parametrize(("config", "layout", "kind"), CASES, ids=IDS)
+def test_copied_full_equals_the_reference(config, layout, kind):
+    """Every rank's tensors after a full version written by the box-copy kernel equal
+    the reference's bit for bit (vocab padding untouched), twice in a row (the second
+    from the cached plan), and the kernel wrote every box entry."""
+    _check_copied(config, layout, kind)
+
+
+def test_copied_full_in_small_chunks(monkeypatch):
+    """Chunks of 5 elements cut rows into several column chunks, as the long rows of a
+    large model are, and take one row each: the same bits as the reference."""
+    monkeypatch.setattr(box_copy, "_CHUNK", 5)
+    _check_copied(*CASES[4])
+
+
+def _check_copied(config, layout, kind):
+    source = _source(config, kind)
+    for rank in range(layout.tp):
+        _, reference, copied = _pair(config, layout, source, _canonical(config, 0), rank)
+        for version, seed in ((2, 1), (3, 2)):
+            data = encode_full(materialize(source, _canonical(config, seed)), stream_id="s",
+                               version=version)
+            assert reference.receive(data).accepted
+            with kernels():
+                staged = copied.stage(copied.weights, decode(data, device=DEVICE)).entries
+                assert [StagedCopies] == [type(s) for s in staged]
+                assert copied.receive(data).accepted
+            assert first_difference(reference.weights, _cpu(copied.weights)) is None

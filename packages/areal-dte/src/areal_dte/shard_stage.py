@@ -29,6 +29,7 @@ import torch
 from dte_codec import Kind, Payload
 from dte_codec.apply import Prepared, Staged, check_fit
 from dte_codec.batched_remap import RemapItem, remap_all
+from dte_codec.box_copy import CopyPlan, Cut, StagedCopies
 from dte_codec.dispatch import fused
 from dte_codec.errors import GeometryError
 from dte_codec.fields import batched
@@ -39,6 +40,9 @@ from dte_codec.region import Box
 from dte_codec.remap import Remapped
 from dte_codec.routes import Routes, StagedRoutes, stage_routed
 from dte_codec.values import decode_values
+
+_PLANS = 4
+"""Copy plans kept per stage: a sender brings one set of boxes per full version."""
 
 
 @attrs.frozen
@@ -58,6 +62,11 @@ class ShardStage:
     _routes: dict[torch.device, Routes] = attrs.field(factory=dict, init=False, eq=False,
                                                       repr=False)
     """Per device where the kernels run, the plan as device tables (built on first use)."""
+    _cut_cache: dict[tuple[str, Box], tuple[tuple[str, Box, Box], ...]] = attrs.field(
+        factory=dict, init=False, eq=False, repr=False)
+    _plans: dict[tuple, CopyPlan | None] = attrs.field(factory=dict, init=False, eq=False,
+                                                       repr=False)
+    """The copy plans of the last few sets of box entries of full versions."""
 
     @classmethod
     def of(cls, source: Shard, shard: Shard,
@@ -98,13 +107,17 @@ class ShardStage:
         entries = list(zip(payload.header.entries, payload.indices, payload.values))
         sparse = [k for k, (_, where, _) in enumerate(entries) if not isinstance(where, Box)]
         resolved = dict(zip(sparse, self._sparse(weights, [entries[k] for k in sparse])))
-        staged: list[Staged] = []
+        boxes = [entries[k] for k in range(len(entries)) if k not in resolved]
+        copied = self._copied(weights, boxes) if kind == Kind.FULL else None
+        staged: list[Staged | StagedRoutes | StagedCopies] = []
         for k, (entry, where, sections) in enumerate(entries):
             if k in resolved:
                 staged.extend(resolved[k])
-            else:
+            elif copied is None:
                 staged.extend(self._boxes(weights, entry, where, sections[0],
                                           keep_undo=kind == Kind.DELTA))
+        if copied is not None:
+            staged.append(copied)
         return Prepared(tuple(staged), kind == Kind.FULL)
 
     def _sparse(self, weights: Mapping[str, torch.Tensor],
@@ -150,23 +163,59 @@ class ShardStage:
         transfers = self.transfers[name]
         return indices.to(weights[transfers[0].target_tensor].device) if transfers else indices
 
+    def _cuts(self, name: str, box: Box) -> tuple[tuple[str, Box, Box], ...]:
+        """Where the box ``box`` of sender tensor ``name`` lands: per local box it
+        overlaps, (local tensor, the part inside ``box``, the local box). Computed once
+        per (tensor, box): a full version brings the same boxes every time."""
+        key = (name, box)
+        cuts = self._cut_cache.get(key)
+        if cuts is None:
+            cuts = []
+            for piece in self.pieces[name]:
+                common = piece.region.intersect(box)
+                if common.numel:
+                    cuts.append((piece.tensor,
+                                 Box([c - b for c, b in zip(common.start, box.start)],
+                                     common.size), piece.to_local(common)))
+            cuts = self._cut_cache[key] = tuple(cuts)
+        return cuts
+
     def _boxes(self, weights: Mapping[str, torch.Tensor], entry: Entry, box: Box,
                raw: torch.Tensor, *, keep_undo: bool) -> list[Staged]:
-        values = None
-        staged = []
-        for piece in self.pieces[entry.name]:
-            common = piece.region.intersect(box)
-            if common.numel == 0:
-                continue
-            if values is None:
-                values = raw.to(weights[piece.tensor].device).view(entry.dtype).view(box.size)
-            inside = Box([c - b for c, b in zip(common.start, box.start)], common.size)
-            local = piece.to_local(common)
-            staged.append(Staged(piece.tensor, weights[piece.tensor], local,
-                                 values[inside.slices()].reshape(local.size),
-                                 keep_undo=keep_undo))
-        return staged
+        cuts = self._cuts(entry.name, box)
+        if not cuts:
+            return []
+        values = raw.to(weights[cuts[0][0]].device).view(entry.dtype).view(box.size)
+        return [Staged(tensor, weights[tensor], local,
+                       values[inside.slices()].reshape(local.size), keep_undo=keep_undo)
+                for tensor, inside, local in cuts]
 
+    def _copied(self, weights: Mapping[str, torch.Tensor],
+                entries: list[tuple[Entry, Box, tuple[torch.Tensor, ...]]]
+                ) -> StagedCopies | None:
+        """The box entries of a full version as one ``StagedCopies`` where the kernels
+        run; None where the reference writes them (``_boxes``)."""
+        device = next(iter(weights.values())).device if weights else None
+        if device is None or not entries or not fused(device) or any(
+                t.device != device for t in weights.values()):
+            return None
+        raws = [sections[0].to(device) for _, _, sections in entries]
+        if any(raw.numel() != box.numel * entry.dtype.itemsize
+               or raw.data_ptr() % entry.dtype.itemsize
+               or any(weights[t].dtype != entry.dtype for t, _, _ in self._cuts(entry.name, box))
+               for (entry, box, _), raw in zip(entries, raws)):
+            return None
+        key = (device, tuple((entry.name, box) for entry, box, _ in entries))
+        plan = self._plans.get(key)
+        if plan is None:
+            cuts = [Cut(k, tensor, inside, box.size, local, tuple(weights[tensor].shape))
+                    for k, (entry, box, _) in enumerate(entries)
+                    for tensor, inside, local in self._cuts(entry.name, box)]
+            plan = CopyPlan.of(cuts, {n: t.element_size() for n, t in weights.items()}, device)
+            if len(self._plans) >= _PLANS:
+                self._plans.pop(next(iter(self._plans)))
+            self._plans[key] = plan
+        return None if plan is None else StagedCopies(plan, tuple(raws), weights)
 
 def _base(weights: Mapping[str, torch.Tensor], entry: Entry,
           routed: Mapping[str, Remapped]) -> torch.Tensor | None:
