@@ -4,24 +4,19 @@ sparse entry routed, gathered and scattered by the kernels; reference ``remap_al
 target) and full versions copied (``dte_codec.box_copy``; reference one ``copy_`` per
 box).
 
-On a CUDA device the kernels run there (marker ``gpu``); on the CPU under Triton's
-interpreter (``dispatch.interpreted``), switched on before the kernels are first imported.
+On a CUDA device the kernels run there; on the CPU under Triton's interpreter
+(``kernel_mode``).
 """
 
 from __future__ import annotations
 
-import contextlib
-import importlib.util
-import os
-
 import pytest
 import torch
+from kernel_mode import DEVICE, kernels, needs_triton
 from areal_dte.shard_stage import ShardStage
 from bitwise import first_difference
-from dte_codec import decode, encode_delta, encode_full
-from dte_codec import box_copy
+from dte_codec import box_copy, decode, encode_delta, encode_full
 from dte_codec.box_copy import StagedCopies
-from dte_codec.dispatch import interpreted
 from dte_codec.geometry import materialize
 from dte_codec.layouts import hf_shard
 from dte_codec.megatron_layout import MegatronLayout, megatron_shard
@@ -31,23 +26,13 @@ from dte_detector import diff
 from dte_transport import Receiver, Rejection
 from test_shard_stage import DENSE, MOE, PADDING, _canonical, _step
 
-CUDA = torch.cuda.is_available()
-DEVICE = "cuda" if CUDA else "cpu"
-if not CUDA:
-    os.environ.setdefault("TRITON_INTERPRET", "1")
-
-pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None,
-                                reason="needs triton")
+pytestmark = needs_triton
 
 CASES = [(DENSE, SGLangLayout(), "hf"), (DENSE, SGLangLayout(tp=2, vocab_padding=3), "hf"),
          (MOE, SGLangLayout(tp=2, ep=2), "hf"), (DENSE, SGLangLayout(tp=2), "megatron"),
          (MOE, SGLangLayout(tp=2), "megatron")]
 IDS = [f"{'moe' if c.is_moe else 'dense'}-tp{l.tp}-ep{l.ep}-pad{l.vocab_padding}-{s}"
        for c, l, s in CASES]
-
-
-def kernels() -> contextlib.AbstractContextManager[None]:
-    return contextlib.nullcontext() if CUDA else interpreted()
 
 
 def _source(config, kind: str):

@@ -21,6 +21,7 @@ elements that no piece covers (vocab padding) are never written. The result is a
 
 from __future__ import annotations
 
+import itertools
 from collections import defaultdict
 from collections.abc import Mapping
 
@@ -32,7 +33,7 @@ from dte_codec.batched_remap import RemapItem, remap_all
 from dte_codec.box_copy import CopyPlan, Cut, StagedCopies
 from dte_codec.dispatch import fused
 from dte_codec.errors import GeometryError
-from dte_codec.fields import batched
+from dte_codec.fields import WORD_BYTES, batched
 from dte_codec.flat_values import resolve_residues
 from dte_codec.geometry import Piece, Shard, Transfer, plan
 from dte_codec.header import Entry, ValueEncoding
@@ -205,13 +206,16 @@ class ShardStage:
                or any(weights[t].dtype != entry.dtype for t, _, _ in self._cuts(entry.name, box))
                for (entry, box, _), raw in zip(entries, raws)):
             return None
-        key = (device, tuple((entry.name, box) for entry, box, _ in entries))
+        aligned = all(t.data_ptr() % WORD_BYTES == 0
+                      for t in itertools.chain(raws, weights.values()))
+        key = (device, aligned, tuple((entry.name, box) for entry, box, _ in entries))
         plan = self._plans.get(key)
         if plan is None:
             cuts = [Cut(k, tensor, inside, box.size, local, tuple(weights[tensor].shape))
                     for k, (entry, box, _) in enumerate(entries)
                     for tensor, inside, local in self._cuts(entry.name, box)]
-            plan = CopyPlan.of(cuts, {n: t.element_size() for n, t in weights.items()}, device)
+            plan = CopyPlan.of(cuts, {n: t.element_size() for n, t in weights.items()}, device,
+                               aligned=aligned)
             if len(self._plans) >= _PLANS:
                 self._plans.pop(next(iter(self._plans)))
             self._plans[key] = plan

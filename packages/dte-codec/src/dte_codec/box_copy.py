@@ -19,7 +19,7 @@ import attrs
 import torch
 
 from .dispatch import on_device
-from .fields import host_table
+from .fields import WORD_BYTES, host_table
 from .region import Box
 from .remap import _strides
 
@@ -45,36 +45,42 @@ class Cut:
 @attrs.frozen
 class _Launch:
     itemsize: int
+    contiguous: bool
     chunks: torch.Tensor
     copies: torch.Tensor
 
 
 @attrs.frozen
 class CopyPlan:
-    """The cuts of one set of box entries as device tables, per item size."""
+    """The cuts of one set of box entries as device tables, one launch per unit (item
+    size) and per whether rows are contiguous on both sides."""
 
     tensors: tuple[str, ...]
     launches: tuple[_Launch, ...]
 
     @classmethod
-    def of(cls, cuts: Sequence[Cut], itemsizes: Mapping[str, int],
-           device: torch.device) -> CopyPlan | None:
+    def of(cls, cuts: Sequence[Cut], itemsizes: Mapping[str, int], device: torch.device,
+           *, aligned: bool) -> CopyPlan | None:
         """The plan of ``cuts`` into local tensors of ``itemsizes``; None when a cut has
-        more than three dimensions that do not merge (the reference copies it)."""
+        more than three dimensions that do not merge (the reference copies it).
+        ``aligned``: every value section and local tensor starts on a word, so contiguous
+        rows whose offsets and lengths are whole words move a word per item."""
         tensors = tuple(sorted({c.tensor for c in cuts}))
         ids = {name: k for k, name in enumerate(tensors)}
-        copies: dict[int, list[list[int]]] = defaultdict(list)
-        chunks: dict[int, list[list[int]]] = defaultdict(list)
+        copies: dict[tuple[int, bool], list[list[int]]] = defaultdict(list)
+        chunks: dict[tuple[int, bool], list[list[int]]] = defaultdict(list)
         for cut in cuts:
-            row = _copy_row(cut, ids[cut.tensor], itemsizes[cut.tensor])
+            row = _copy_row(cut, ids[cut.tensor], itemsizes[cut.tensor], aligned=aligned)
             if row is None:
                 return None
-            size = itemsizes[cut.tensor]
-            chunks[size] += _chunks(len(copies[size]), row[0] * row[1], row[2])
-            copies[size].append(row[3:])
-        launches = tuple(_Launch(size, host_table(_columns(chunks[size]), device),
-                                 host_table(_columns(copies[size]), device))
-                         for size in sorted(copies) if chunks[size])
+            unit, contiguous, (outer, middle, length), columns = row
+            key = (unit, contiguous)
+            chunks[key] += _chunks(len(copies[key]), outer * middle, length)
+            copies[key].append(columns)
+        launches = tuple(_Launch(unit, contiguous, host_table(_columns(chunks[key]), device),
+                                 host_table(_columns(copies[key]), device))
+                         for key in sorted(copies) if chunks[key]
+                         for unit, contiguous in [key])
         return cls(tensors, launches)
 
     def write(self, values: Sequence[torch.Tensor], weights: Mapping[str, torch.Tensor]
@@ -91,7 +97,7 @@ class CopyPlan:
         with on_device(device):
             for launch in self.launches:
                 kernel.copy(launch.chunks, launch.copies, entries, tensors,
-                            itemsize=launch.itemsize)
+                            itemsize=launch.itemsize, contiguous=launch.contiguous)
         # written through addresses: tell autograd, as an in-place torch write would
         torch.autograd.graph.increment_version(targets)
 
@@ -116,12 +122,15 @@ class StagedCopies:
         self.plan.write(self.values, self.weights)
 
 
-def _copy_row(cut: Cut, tensor: int, itemsize: int) -> list[int] | None:
-    """(outer, middle, length) then the copy table's row (``box_copy_kernel``)."""
-    source = [(n, s) for n, s in zip(cut.inside.size, _strides(cut.shape)) if n != 1]
-    target = [(n, s) for n, s in zip(cut.local.size, _strides(cut.local_shape)) if n != 1]
-    sizes = [n for n, _ in source]
-    source_strides, target_strides = [s for _, s in source], [s for _, s in target]
+def _copy_row(cut: Cut, tensor: int, itemsize: int, *, aligned: bool
+              ) -> tuple[int, bool, tuple[int, int, int], list[int]] | None:
+    """The copy's unit (bytes per item moved), whether its rows are contiguous on both
+    sides, its (outer, middle, length) in units and its row of the copy table
+    (``box_copy_kernel``)."""
+    source_full, target_full = _strides(cut.shape), _strides(cut.local_shape)
+    sizes = [n for n in cut.inside.size if n != 1] or [1]
+    source_strides = [s for n, s in zip(cut.inside.size, source_full) if n != 1] or [1]
+    target_strides = [t for n, t in zip(cut.local.size, target_full) if n != 1] or [1]
     d = len(sizes) - 1
     while d > 0:  # merge a dimension into the next where both sides are contiguous
         if (source_strides[d - 1] == source_strides[d] * sizes[d]
@@ -133,12 +142,23 @@ def _copy_row(cut: Cut, tensor: int, itemsize: int) -> list[int] | None:
     if len(sizes) > _DIMS:
         return None
     pad = _DIMS - len(sizes)
-    sizes, source_strides, target_strides = ([1] * pad + sizes, [0] * pad + source_strides,
-                                             [0] * pad + target_strides)
-    source_at = sum(b * s for b, s in zip(cut.inside.start, _strides(cut.shape)))
-    target_at = sum(b * s for b, s in zip(cut.local.start, _strides(cut.local_shape)))
-    return [sizes[0], sizes[1], sizes[2], cut.entry, tensor, source_at, target_at, sizes[1],
-            *source_strides, *target_strides]
+    sizes = [1] * pad + sizes
+    source_strides, target_strides = [0] * pad + source_strides, [0] * pad + target_strides
+    source_at = sum(b * s for b, s in zip(cut.inside.start, source_full))
+    target_at = sum(b * s for b, s in zip(cut.local.start, target_full))
+    contiguous = source_strides[-1] == 1 and target_strides[-1] == 1
+    per = WORD_BYTES // itemsize if aligned and contiguous else 1
+    if per > 1 and all(v % per == 0 for v in (sizes[-1], source_at, target_at,
+                                               *source_strides[:-1], *target_strides[:-1])):
+        sizes[-1] //= per
+        source_at, target_at = source_at // per, target_at // per
+        source_strides = [s // per for s in source_strides[:-1]] + [1]
+        target_strides = [t // per for t in target_strides[:-1]] + [1]
+    else:
+        per = 1
+    columns = [cut.entry, tensor, source_at, target_at, sizes[1], *source_strides,
+               *target_strides]
+    return itemsize * per, contiguous, (sizes[0], sizes[1], sizes[2]), columns
 
 
 def _chunks(copy: int, rows: int, length: int) -> list[list[int]]:

@@ -28,7 +28,7 @@ def _at(table, c, rows, row):
 
 @triton.jit(do_not_specialize=["chunks", "copies"])
 def _copy(chunk_table, chunks, copy_table, copies, entry_addresses, tensor_addresses,
-          ITEMSIZE: tl.constexpr, BLOCK: tl.constexpr):
+          ITEMSIZE: tl.constexpr, CONTIGUOUS: tl.constexpr, BLOCK: tl.constexpr):
     chunk = tl.program_id(0)
     c = _at(chunk_table, COPY, chunks, chunk)
     source = tl.load(entry_addresses + _at(copy_table, ENTRY, copies, c))
@@ -36,22 +36,23 @@ def _copy(chunk_table, chunks, copy_table, copies, entry_addresses, tensor_addre
     # one element type per launch: the copy moves items, never converts them
     if ITEMSIZE == 1:
         _rows(source.to(tl.pointer_type(tl.int8)), target.to(tl.pointer_type(tl.int8)),
-              chunk_table, chunks, chunk, copy_table, copies, c, BLOCK)
+              chunk_table, chunks, chunk, copy_table, copies, c, CONTIGUOUS, BLOCK)
     elif ITEMSIZE == 2:
         _rows(source.to(tl.pointer_type(tl.int16)), target.to(tl.pointer_type(tl.int16)),
-              chunk_table, chunks, chunk, copy_table, copies, c, BLOCK)
+              chunk_table, chunks, chunk, copy_table, copies, c, CONTIGUOUS, BLOCK)
     elif ITEMSIZE == 4:
         _rows(source.to(tl.pointer_type(tl.int32)), target.to(tl.pointer_type(tl.int32)),
-              chunk_table, chunks, chunk, copy_table, copies, c, BLOCK)
+              chunk_table, chunks, chunk, copy_table, copies, c, CONTIGUOUS, BLOCK)
     else:
         _rows(source.to(tl.pointer_type(tl.int64)), target.to(tl.pointer_type(tl.int64)),
-              chunk_table, chunks, chunk, copy_table, copies, c, BLOCK)
+              chunk_table, chunks, chunk, copy_table, copies, c, CONTIGUOUS, BLOCK)
 
 
 @triton.jit
 def _rows(source, target, chunk_table, chunks, chunk, copy_table, copies, c,
-          BLOCK: tl.constexpr):
-    """The chunk's rows of copy ``c``, from the typed ``source`` to ``target``."""
+          CONTIGUOUS: tl.constexpr, BLOCK: tl.constexpr):
+    """The chunk's rows of copy ``c``, from the typed ``source`` to ``target``;
+    ``CONTIGUOUS``: rows are contiguous on both sides (wide, coalesced accesses)."""
     first = _at(chunk_table, FIRST_ROW, chunks, chunk)
     rows = _at(chunk_table, ROWS, chunks, chunk)
     source += _at(copy_table, SOURCE_AT, copies, c)
@@ -71,12 +72,17 @@ def _rows(source, target, chunk_table, chunks, chunk, copy_table, copies, c,
         for start in range(column, column + columns, BLOCK):
             k = start + tl.arange(0, BLOCK).to(tl.int64)
             inside = k < column + columns
-            values = tl.load(source + source_row + k * source_inner, mask=inside)
-            tl.store(target + target_row + k * target_inner, values, mask=inside)
+            if CONTIGUOUS:
+                values = tl.load(source + source_row + k, mask=inside)
+                tl.store(target + target_row + k, values, mask=inside)
+            else:
+                values = tl.load(source + source_row + k * source_inner, mask=inside)
+                tl.store(target + target_row + k * target_inner, values, mask=inside)
 
 
-def copy(chunk_table, copy_table, entry_addresses, tensor_addresses, *, itemsize: int) -> None:
+def copy(chunk_table, copy_table, entry_addresses, tensor_addresses, *, itemsize: int,
+         contiguous: bool) -> None:
     """One launch over every chunk of ``chunk_table`` (items of ``itemsize`` bytes)."""
     chunks = chunk_table.shape[1]
     _copy[(chunks,)](chunk_table, chunks, copy_table, copy_table.shape[1], entry_addresses,
-                     tensor_addresses, ITEMSIZE=itemsize, BLOCK=BLOCK)
+                     tensor_addresses, ITEMSIZE=itemsize, CONTIGUOUS=contiguous, BLOCK=BLOCK)
