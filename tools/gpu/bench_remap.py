@@ -16,10 +16,11 @@ the same indices and positions.
 ``--parts stage``: a ``ShardStage`` from that trainer layout into one SGLang TP1 rank, on
 the GPU. A delta (--changed elements flipped by one ulp) and its inverse alternate, each
 decoded, staged and written; a full version is staged and written. Each through the
-reference (``dispatch.reference()``: ``remap_all`` and one ``copy_`` per box) and the
-kernels (``dte_codec.routes``, ``dte_codec.box_copy``), the rank's tensors compared bit
-for bit after every write with a full load; the dense baseline is one copy of a buffer
-of all bf16 weights. Prints Markdown rows for ``docs/benchmarks.md``.
+stage's previous path (``before``: ``remap_all`` per target, one ``copy_`` per box) and
+its kernel paths (``after``: ``dte_codec.routes``, ``dte_codec.box_copy``), the rank's
+tensors compared bit for bit after every write with a full load by the reference; the
+dense baseline is one copy of a buffer of all bf16 weights. Prints Markdown rows for
+``docs/benchmarks.md``.
 
     PYTHONPATH=packages/dte-codec/src:tools python3 tools/gpu/bench_remap.py --out $OUT
     uv run python tools/gpu/bench_remap.py --smoke [--parts stage]
@@ -34,6 +35,7 @@ import json
 import statistics
 import time
 import warnings
+from unittest import mock
 from pathlib import Path
 
 import torch
@@ -206,10 +208,19 @@ def stage_rows(config: ModelConfig, changed: float, reps: int, device: torch.dev
     rows = {"tensors": len(old), "elements": sum(t.numel() for t in old.values()),
             "changed_elements": changed_elements,
             "dense_copy_ms": _dense_copy_ms(local, reps, device)}
-    for path, mode in (("reference", reference), ("kernels", contextlib.nullcontext)):
+    for path, mode in (("before", _previous_path), ("after", contextlib.nullcontext)):
         rows[path] = _stage_path(stage, local, deltas, full, expected, mode, reps, device)
         print(path, json.dumps(rows[path]), flush=True)
     return rows
+
+
+@contextlib.contextmanager
+def _previous_path():
+    """The stage without its kernel paths: what it ran before them."""
+    from areal_dte.shard_stage import ShardStage
+    with mock.patch.object(ShardStage, "_routed", return_value=None), \
+            mock.patch.object(ShardStage, "_copied", return_value=None):
+        yield
 
 
 def _stage_path(stage, local, deltas, full, expected, mode, reps: int, device) -> dict:
@@ -281,7 +292,7 @@ def print_stage(row: dict) -> None:
           "| host syncs (decode+stage+write) | full stage ms | full write ms "
           "| full / dense copy | bitwise |")
     print("|---|---|---|---|---|---|---|---|---|---|")
-    for path in ("reference", "kernels"):
+    for path in ("before", "after"):
         r = row[path]
         total = r["decode"] + r["stage"] + r["write"]
         full = r["full_stage"] + r["full_write"]

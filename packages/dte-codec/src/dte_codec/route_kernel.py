@@ -26,6 +26,8 @@ START, INDEX_AT, INDEX_SIZE, NUMEL, FIRST, COUNT, ITEMSIZE, SHAPE = (
     tl.constexpr(c) for c in range(8))
 # columns of the per-transfer table (then per dimension its weight, low and high bound)
 TENSOR, SHIFT, AFFINE = (tl.constexpr(c) for c in range(3))
+DIMS = tl.constexpr(3)
+"""Source dimensions a route reads (shapes right-aligned to three)."""
 # the flags ``_route`` counts
 OUT_OF_RANGE, TWICE = (tl.constexpr(c) for c in range(2))
 
@@ -35,15 +37,37 @@ def _entry(entries, c, segments, seg):
     return column(entries, c, segments, seg)
 
 
+@triton.jit
+def _coordinate(entries, segments, seg, index, d: tl.constexpr):
+    """The element's coordinate in right-aligned dimension ``d`` of its source shape."""
+    stride = _entry(entries, SHAPE + d, segments, seg)
+    return (index // stride) % _entry(entries, SHAPE + DIMS + d, segments, seg)
+
+
+@triton.jit
+def _inside(table, transfers, row, d: tl.constexpr, coord, inside):
+    """Whether ``coord`` lies in dimension ``d`` of the transfer's source box, and the
+    coordinate's share of the target flat index."""
+    base = table + (AFFINE + 3 * d) * transfers + row
+    low = tl.load(base + transfers, mask=inside, other=0)
+    high = tl.load(base + 2 * transfers, mask=inside, other=0)
+    inside = inside & (coord >= low) & (coord < high)
+    return inside, coord * tl.load(base, mask=inside, other=0)
+
+
 @triton.jit(do_not_specialize=["segments", "total", "transfers"])
 def _route(entries, segments, total, table, transfers, tensor_out, flat_out, flags,
-           DIMS: tl.constexpr, LOG: tl.constexpr, BLOCK: tl.constexpr):
+           LOG: tl.constexpr, BLOCK: tl.constexpr):
     _, k, valid = block_positions(total, BLOCK)
     seg = segment_of(entries, segments, k, LOG)
     rank = k - _entry(entries, START, segments, seg)
     index = load_int(_entry(entries, INDEX_AT, segments, seg), rank,
                      _entry(entries, INDEX_SIZE, segments, seg), valid)
     outside = valid & ((index < 0) | (index >= _entry(entries, NUMEL, segments, seg)))
+    # the coordinates once; every transfer of the entry then compares and adds
+    c0 = _coordinate(entries, segments, seg, index, 0)
+    c1 = _coordinate(entries, segments, seg, index, 1)
+    c2 = _coordinate(entries, segments, seg, index, 2)
     first = _entry(entries, FIRST, segments, seg)
     count = tl.where(valid & ~outside, _entry(entries, COUNT, segments, seg), 0)
     hits = count * 0
@@ -52,19 +76,13 @@ def _route(entries, segments, total, table, transfers, tensor_out, flat_out, fla
     for t in range(tl.max(count, 0)):
         row = first + t
         inside = t < count
-        at = tl.load(table + SHIFT * transfers + row, mask=inside, other=0)
-        for d in tl.static_range(DIMS):
-            stride = _entry(entries, SHAPE + d, segments, seg)
-            size = _entry(entries, SHAPE + DIMS + d, segments, seg)
-            coord = (index // stride) % size
-            base = table + (AFFINE + 3 * d) * transfers + row
-            low = tl.load(base + transfers, mask=inside, other=0)
-            high = tl.load(base + 2 * transfers, mask=inside, other=0)
-            inside = inside & (coord >= low) & (coord < high)
-            at += coord * tl.load(base, mask=inside, other=0)
+        inside, w0 = _inside(table, transfers, row, 0, c0, inside)
+        inside, w1 = _inside(table, transfers, row, 1, c1, inside)
+        inside, w2 = _inside(table, transfers, row, 2, c2, inside)
+        at = tl.load(table + SHIFT * transfers + row, mask=inside, other=0) + w0 + w1 + w2
         hits += inside.to(tl.int64)
-        target = tl.where(inside, tl.load(table + TENSOR * transfers + row, mask=inside, other=0),
-                          target)
+        target = tl.where(inside, tl.load(table + TENSOR * transfers + row, mask=inside,
+                                          other=0), target)
         flat = tl.where(inside, at, flat)
     tl.store(tensor_out + k, target.to(tl.int32), mask=valid)
     tl.store(flat_out + k, flat, mask=valid)
@@ -91,11 +109,10 @@ def _move(entries, segments, total, addresses, tensor_of, flat_of, tensors, LOG:
 
 
 def route(entries, segments: int, total: int, table, tensor_out, flat_out, flags, *,
-          dims: int, log: int) -> None:
+          log: int) -> None:
     """Launch ``_route`` over ``total`` elements of ``segments`` entries."""
     _route[(triton.cdiv(total, BLOCK),)](entries, segments, total, table, table.shape[1],
-                                         tensor_out, flat_out, flags, DIMS=dims, LOG=log,
-                                         BLOCK=BLOCK)
+                                         tensor_out, flat_out, flags, LOG=log, BLOCK=BLOCK)
 
 
 def move(entries, segments: int, total: int, addresses, tensor_of, flat_of, tensors, *,

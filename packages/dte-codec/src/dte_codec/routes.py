@@ -63,12 +63,14 @@ class Routes:
            local: Mapping[str, torch.Tensor], device: torch.device) -> Routes:
         """The routes of ``transfers`` (per source tensor of ``shapes`` and ``dtypes``)
         into the ``local`` tensors, on ``device``. A source tensor whose targets have
-        another item size than its own gets no routes (the reference stages it).
+        another item size than its own, or with more dimensions than the kernel reads,
+        gets no routes (the reference stages it).
 
         Raises:
             GeometryError: a transfer's box lies outside its source or target tensor.
         """
-        dims = max((len(s) for s in shapes.values()), default=1) or 1
+        from .route_kernel import DIMS
+        dims = DIMS.value
         tensors = tuple(sorted(local))
         ids = {name: k for k, name in enumerate(tensors)}
         rows: list[list[int]] = [[] for _ in range(2 + 3 * dims)]
@@ -77,7 +79,8 @@ class Routes:
             shape = tuple(shapes[name])
             _check_boxes(ts, shape, name)
             size = dtypes[name].itemsize
-            if any(local[t.target_tensor].element_size() != size for t in ts):
+            if len(shape) > dims or any(local[t.target_tensor].element_size() != size
+                                        for t in ts):
                 continue
             pad = dims - len(shape)
             sources[name] = _Source(len(rows[0]), len(ts), math.prod(shape),
@@ -121,7 +124,7 @@ def stage_routed(routes: Routes, weights: Mapping[str, torch.Tensor],
     if moves.total:
         with on_device(device):
             kernel.route(moves.entries, len(entries), moves.total, routes.table,
-                         moves.tensor_of, moves.flat_of, flags, dims=routes.dims, log=moves.log)
+                         moves.tensor_of, moves.flat_of, flags, log=moves.log)
     bases = moves.views(moves.gather())
     new = [s[0].view(e.dtype) if e.value_encoding == ValueEncoding.RAW else None
            for e, _, s in entries]
