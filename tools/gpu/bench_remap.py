@@ -66,6 +66,8 @@ def parse() -> argparse.Namespace:
     p.add_argument("--out", type=Path, default=None)
     p.add_argument("--smoke", action="store_true", help="a tiny model on the CPU")
     p.add_argument("--parts", default="remap,stage", help="comma-separated: remap, stage")
+    p.add_argument("--profile", action="store_true",
+                   help="stage: write the torch profile of one delta and one full write per path")
     return p.parse_args()
 
 
@@ -142,7 +144,8 @@ def main() -> None:
                "date": datetime.date.today().isoformat(), "changed": a.changed}
     parts = a.parts.split(",")
     if "stage" in parts:
-        results["stage"] = stage_rows(config, a.changed, a.reps, device)
+        results["stage"] = stage_rows(config, a.changed, a.reps, device,
+                                      profile_to=a.out if a.profile else None)
         print_stage(results["stage"])
         if a.out:
             a.out.mkdir(parents=True, exist_ok=True)
@@ -176,7 +179,8 @@ def main() -> None:
         (a.out / "remap.json").write_text(json.dumps(results, indent=1))
 
 
-def stage_rows(config: ModelConfig, changed: float, reps: int, device: torch.device) -> dict:
+def stage_rows(config: ModelConfig, changed: float, reps: int, device: torch.device, *,
+               profile_to: Path | None = None) -> dict:
     """Decode, stage and write of a delta and of a full version into one SGLang TP1 rank,
     reference against kernels, bitwise after every write."""
     from areal_dte.shard_stage import ShardStage
@@ -211,7 +215,28 @@ def stage_rows(config: ModelConfig, changed: float, reps: int, device: torch.dev
     for path, mode in (("before", _previous_path), ("after", contextlib.nullcontext)):
         rows[path] = _stage_path(stage, local, deltas, full, expected, mode, reps, device)
         print(path, json.dumps(rows[path]), flush=True)
+        if profile_to is not None:
+            with mode():
+                _profile(profile_to / f"stage_profile_{path}.txt", stage, local, deltas, full,
+                         device)
     return rows
+
+
+def _profile(path: Path, stage, local, deltas, full, device) -> None:
+    """Ops by self CPU and by device time of one delta (decode, stage, write) and one
+    full version (stage, write), the delta undone after."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    lines = []
+    for name, run in (("delta", lambda: stage(local, decode(deltas[0], device=device)).write()),
+                      ("full", lambda: stage(local, full).write())):
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            run()
+            synchronize()
+        stage(local, decode(deltas[1], device=device)).write()
+        events = prof.key_averages()
+        lines += [f"## {name}", events.table(sort_by="self_cpu_time_total", row_limit=25),
+                  events.table(sort_by="self_cuda_time_total", row_limit=15)]
+    path.write_text("\n".join(lines))
 
 
 @contextlib.contextmanager
