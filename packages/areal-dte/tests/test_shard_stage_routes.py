@@ -17,9 +17,11 @@ from areal_dte.shard_stage import ShardStage
 from bitwise import first_difference
 from dte_codec import box_copy, decode, encode_delta, encode_full
 from dte_codec.box_copy import StagedCopies
-from dte_codec.geometry import materialize
+from dte_codec.geometry import Piece, Shard, TensorSpec, materialize
 from dte_codec.layouts import hf_shard
 from dte_codec.megatron_layout import MegatronLayout, megatron_shard
+from dte_codec.region import Box
+from dte_codec import routes
 from dte_codec.routes import StagedRoutes
 from dte_codec.sglang_layout import SGLangLayout, sglang_shard
 from dte_detector import diff
@@ -64,10 +66,13 @@ def _cpu(weights):
 
 
 @pytest.mark.parametrize(("config", "layout", "kind"), CASES, ids=IDS)
-@pytest.mark.parametrize("rate", [0.02, 0.4])
-def test_routed_delta_equals_the_reference(config, layout, kind, rate):
+@pytest.mark.parametrize(("rate", "narrow"), [(0.02, 2**31), (0.4, 2**31), (0.4, 0)],
+                         ids=["sparse", "dense", "dense-64-bit-coordinates"])
+def test_routed_delta_equals_the_reference(config, layout, kind, rate, narrow, monkeypatch):
     """Every rank's tensors after a routed delta equal the reference's bit for bit, and
-    the routed path staged every sparse entry (no silent fallback)."""
+    the routed path staged every sparse entry (no silent fallback); with 32- and with
+    64-bit coordinates."""
+    monkeypatch.setattr(routes, "_NARROW", narrow)
     source = _source(config, kind)
     old = _canonical(config, 0)
     data = _delta(config, source, old, _step(old, 1, rate))
@@ -149,3 +154,48 @@ def _check_copied(config, layout, kind):
                 assert [StagedCopies] == [type(s) for s in staged]
                 assert copied.receive(data).accepted
             assert first_difference(reference.weights, _cpu(copied.weights)) is None
+
+
+def _quadrant_shard(replicated: bool) -> tuple[Shard, Shard]:
+    """A sender holding ``w`` (12, 16) and ``v`` (64,) whole, and a rank holding ``w`` cut in
+    four quadrants (boxes that vary in two dimensions: no lookup) and ``v`` once, or
+    twice in one tensor (an element that two pieces hold)."""
+    bf16 = torch.bfloat16
+    shapes = {"w": (12, 16), "v": (64,)}
+    source = Shard(rank=0, tensors={n: TensorSpec(s, bf16) for n, s in shapes.items()},
+                   pieces=[Piece(tensor=n, local=Box.whole(s), canonical=n, region=Box.whole(s))
+                           for n, s in shapes.items()])
+    tensors = {f"a{k}": TensorSpec((6, 8), bf16) for k in range(4)}
+    pieces = [Piece(tensor=f"a{2 * r + c}", local=Box((0, 0), (6, 8)), canonical="w",
+                    region=Box((6 * r, 8 * c), (6, 8))) for r in range(2) for c in range(2)]
+    tensors["b"] = TensorSpec((2, 64), bf16)
+    pieces += [Piece(tensor="b", local=Box((row, 0), (1, 64)), canonical="v",
+                     region=Box((0,), (64,))) for row in range(2 if replicated else 1)]
+    return source, Shard(rank=0, tensors=tensors, pieces=pieces)
+
+
+@pytest.mark.parametrize("replicated", [False, True], ids=["quadrants", "replicated"])
+def test_boxes_without_lookup_and_replicas(replicated):
+    """Transfers that cut a tensor in two dimensions are found box by box, bit for bit as
+    the reference; an element that two local pieces hold makes the routes give way to
+    the reference, which writes both."""
+    source, shard = _quadrant_shard(replicated)
+    gen = torch.Generator().manual_seed(0)
+    old = {n: torch.randn(s.shape, generator=gen).to(s.dtype) for n, s in source.tensors.items()}
+    new = _step(old, 1, 0.1)
+    data = encode_delta(new, {n: diff(old[n], new[n]) for n in new}, stream_id="s",
+                        base_version=1, version=2)
+    receivers = []
+    for device in ("cpu", DEVICE):
+        local = {n: t.to(device) for n, t in materialize(shard, old, fill=PADDING).items()}
+        receiver = Receiver(local, stage=ShardStage.of(source, shard, local))
+        receiver.version, receiver.stream_id = 1, "s"
+        receivers.append(receiver)
+    reference, routed = receivers
+    assert reference.receive(data).accepted
+    with kernels():
+        staged = routed.stage(routed.weights, decode(data, device=DEVICE)).entries
+        assert (not replicated) == any(isinstance(s, StagedRoutes) for s in staged)
+        assert routed.receive(data).accepted
+    assert first_difference(reference.weights, _cpu(routed.weights)) is None
+    assert first_difference(materialize(shard, new, fill=PADDING), _cpu(routed.weights)) is None

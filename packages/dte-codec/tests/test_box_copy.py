@@ -24,9 +24,10 @@ CUTS = {
 }
 
 
-def _case(names, dtype, offset):
-    """Per cut an entry's values and a local tensor (a view ``offset`` items into a
-    larger buffer, so not word-aligned when ``offset`` is odd), filled with random bits."""
+def _case(names, dtype, offset, device):
+    """Per cut an entry's values and a local tensor on ``device`` (a view ``offset``
+    items into a larger buffer there, so not word-aligned when ``offset`` is odd),
+    filled with random bits."""
     gen = torch.Generator().manual_seed(len(names) + offset)
     cuts, values, weights = [], [], {}
     for k, name in enumerate(names):
@@ -34,9 +35,9 @@ def _case(names, dtype, offset):
         numel = torch.Size(local_shape).numel()
         buffer = torch.randint(-2**15, 2**15, (numel + offset,), generator=gen,
                                dtype=torch.int32).to(dtype)
-        weights[name] = buffer[offset:].view(local_shape)
+        weights[name] = buffer.to(device)[offset:].view(local_shape)
         values.append(torch.randint(-2**15, 2**15, (torch.Size(shape).numel(),),
-                                    generator=gen, dtype=torch.int32).to(dtype))
+                                    generator=gen, dtype=torch.int32).to(dtype).to(device))
         cuts.append(Cut(k, name, Box(start, size), shape, Box(local_start, local_size),
                         local_shape))
     return cuts, values, weights
@@ -48,13 +49,11 @@ def test_copy_equals_copy_per_cut(dtype, offset):
     """Every cut (rows, a strided column into a row, 3-D, one element, a whole tensor),
     word-aligned or not, lands as the reference ``copy_`` puts it, and nothing else
     changes."""
-    cuts, values, weights = _case(list(CUTS), dtype, offset)
-    expected = {n: t.clone() for n, t in weights.items()}
-    for cut, v in zip(cuts, values):
+    cuts, device_values, device_weights = _case(list(CUTS), dtype, offset, DEVICE)
+    expected = {n: t.cpu().clone() for n, t in device_weights.items()}
+    for cut, v in zip(cuts, device_values):
         region = expected[cut.tensor][cut.local.slices()]
-        region.copy_(v.view(cut.shape)[cut.inside.slices()].reshape(region.shape))
-    device_values = [v.to(DEVICE) for v in values]
-    device_weights = {n: t.to(DEVICE) for n, t in weights.items()}
+        region.copy_(v.cpu().view(cut.shape)[cut.inside.slices()].reshape(region.shape))
     aligned = all(t.data_ptr() % WORD_BYTES == 0
                   for t in [*device_values, *device_weights.values()])
     assert (offset == 0) == aligned  # both the word and the item path run

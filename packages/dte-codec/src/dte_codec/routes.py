@@ -5,9 +5,10 @@ computed on the device, with no per-tensor work on the host.
 ``geometry.plan`` in one device table, and per source tensor its run of transfers and its
 shape. Per payload, ``stage_routed`` then costs a fixed number of launches whatever the
 number of entries (``route_kernel``): one routes every changed element to its target
-tensor and flat index, one gathers the base values there (+0.0 where this shard holds
-no piece), residues resolve against them (``flat_values``), and the write and its undo
-log are one scatter and one gather. It reads back one small summary (one host
+tensor and flat index (a lookup by coordinate where the transfers split the tensor along
+one dimension), one gathers the base values there (+0.0 where this shard holds no
+piece), residues resolve against them (``flat_values``), and the write is one scatter
+whose undo log is that gather. It reads back one small summary (one host
 synchronization) and gives way to the reference (``batched_remap.remap_all`` per
 target) for anything unusual, so the reference raises its errors: an index outside its
 tensor, an element that two local pieces hold, a residue that does not resolve.
@@ -32,30 +33,43 @@ from .header import Entry, ValueEncoding
 from .remap import _affine, _check_boxes, _strides
 
 _WORD = 8
+_NARROW = 2**31
+"""Source tensors below this many elements take 32-bit coordinates."""
 _FLAGS = 2
 """``route_kernel``'s flags: indices out of range, elements routed twice."""
 
 
 @attrs.frozen
 class _Source:
-    """One source tensor's run of transfers in the table and its right-aligned shape."""
+    """One source tensor's run of transfers in the table, its right-aligned shape, and
+    where its lookup starts (-1: none) and in which dimension."""
 
     first: int
     count: int
     numel: int
     strides: tuple[int, ...]
     sizes: tuple[int, ...]
+    lookup_at: int = -1
+    lookup_dim: int = 0
 
 
 @attrs.frozen
 class Routes:
-    """Every transfer of a plan into one shard's local tensors, as one device table."""
+    """Every transfer of a plan into one shard's local tensors, as one device table.
+
+    A source tensor whose transfers split it along one dimension only, without overlap
+    (a fused QKV cut into its query groups, a row- or column-parallel shard) also gets a
+    lookup from that coordinate to its transfer, so an element finds its transfer with
+    one read instead of comparing every box."""
 
     dims: int
+    narrow: bool
+    """Every source tensor has fewer than 2**31 elements (32-bit coordinates)."""
     tensors: tuple[str, ...]
     """The local tensors, in the order the table names them."""
     sources: Mapping[str, _Source]
     table: torch.Tensor
+    lookup: torch.Tensor
 
     @classmethod
     def of(cls, transfers: Mapping[str, Sequence[Transfer]],
@@ -74,34 +88,68 @@ class Routes:
         tensors = tuple(sorted(local))
         ids = {name: k for k, name in enumerate(tensors)}
         rows: list[list[int]] = [[] for _ in range(2 + 3 * dims)]
+        lookup: list[int] = []
         sources = {}
         for name, ts in transfers.items():
             shape = tuple(shapes[name])
             _check_boxes(ts, shape, name)
-            size = dtypes[name].itemsize
-            if len(shape) > dims or any(local[t.target_tensor].element_size() != size
-                                        for t in ts):
+            if len(shape) > dims or any(local[t.target_tensor].element_size()
+                                        != dtypes[name].itemsize for t in ts):
                 continue
             pad = dims - len(shape)
+            sizes = (1,) * pad + tuple(max(n, 1) for n in shape)
+            boxes = [((0,) * pad + t.source_box.start, (1,) * pad + t.source_box.size)
+                     for t in ts]
+            split = _split_dim(sizes, boxes)
+            at = -1
+            if split is not None:
+                at = len(lookup)
+                lookup += _lookup(sizes[split], [b[0][split] for b in boxes],
+                                  [b[1][split] for b in boxes], len(rows[0]))
             sources[name] = _Source(len(rows[0]), len(ts), math.prod(shape),
-                                    (1,) * pad + tuple(_strides(shape)),
-                                    (1,) * pad + tuple(max(n, 1) for n in shape))
-            for t in ts:
+                                    (1,) * pad + tuple(_strides(shape)), sizes,
+                                    at, split or 0)
+            for t, (start, size) in zip(ts, boxes):
                 shift, weights = _affine(t)
                 rows[0].append(ids[t.target_tensor])
                 rows[1].append(shift)
-                for d, (w, low, size_d) in enumerate(zip(
-                        (0,) * pad + weights, (0,) * pad + t.source_box.start,
-                        (1,) * pad + t.source_box.size)):
+                for d, w in enumerate((0,) * pad + weights):
                     rows[2 + 3 * d].append(w)
-                    rows[3 + 3 * d].append(low)
-                    rows[4 + 3 * d].append(low + size_d)
+                    rows[3 + 3 * d].append(start[d])
+                    rows[4 + 3 * d].append(start[d] + size[d])
         table = host_table(rows if rows[0] else [[0]] * len(rows), device)
-        return cls(dims=dims, tensors=tensors, sources=sources, table=table)
+        return cls(dims=dims, narrow=all(s.numel < _NARROW for s in sources.values()),
+                   tensors=tensors, sources=sources, table=table,
+                   lookup=host_table([lookup or [-1]], device)[0].to(torch.int32))
 
     def covers(self, names: Sequence[str]) -> bool:
         """Whether every tensor of ``names`` has routes."""
         return all(name in self.sources for name in names)
+
+
+def _split_dim(sizes: tuple[int, ...], boxes: list[tuple[tuple[int, ...], tuple[int, ...]]]
+               ) -> int | None:
+    """The one dimension along which several disjoint ``boxes`` cut a tensor of
+    ``sizes`` (every other dimension whole in each box); None if there is none."""
+    if len(boxes) < 2:
+        return None
+    cut = [d for d in range(len(sizes))
+           if any(start[d] != 0 or size[d] != sizes[d] for start, size in boxes)]
+    if len(cut) != 1:
+        return None
+    spans = sorted((start[cut[0]], start[cut[0]] + size[cut[0]]) for start, size in boxes)
+    if any(b[0] < a[1] for a, b in zip(spans, spans[1:])):
+        return None
+    return cut[0]
+
+
+def _lookup(length: int, starts: list[int], sizes: list[int], first: int) -> list[int]:
+    """Per coordinate of the split dimension, the table row of the transfer that holds
+    it (-1: none)."""
+    out = [-1] * length
+    for k, (start, size) in enumerate(zip(starts, sizes)):
+        out[start:start + size] = [first + k] * size
+    return out
 
 
 Sparse = tuple[Entry, torch.Tensor, tuple[torch.Tensor, ...]]
@@ -124,8 +172,10 @@ def stage_routed(routes: Routes, weights: Mapping[str, torch.Tensor],
     if moves.total:
         with on_device(device):
             kernel.route(moves.entries, len(entries), moves.total, routes.table,
-                         moves.tensor_of, moves.flat_of, flags, log=moves.log)
-    bases = moves.views(moves.gather())
+                         routes.lookup, moves.tensor_of, moves.flat_of, flags, log=moves.log,
+                         narrow=routes.narrow)
+    gathered = moves.gather()
+    bases = moves.views(gathered)
     new = [s[0].view(e.dtype) if e.value_encoding == ValueEncoding.RAW else None
            for e, _, s in entries]
     residue = [k for k, n in enumerate(new) if n is None]
@@ -139,7 +189,7 @@ def stage_routed(routes: Routes, weights: Mapping[str, torch.Tensor],
             new[k] = value
     if any(torch.cat([flags, failures]).tolist()):  # the one host synchronization
         return None
-    return StagedRoutes(moves, tuple(v.contiguous() for v in new))
+    return StagedRoutes(moves, tuple(v.contiguous() for v in new), gathered)
 
 
 @attrs.frozen
@@ -174,7 +224,8 @@ class _Moves:
         columns = [starts, [i.data_ptr() for _, i in entries],
                    [i.element_size() for _, i in entries], [s.numel for s in sources],
                    [s.first for s in sources], [s.count for s in sources],
-                   [e.dtype.itemsize for e, _ in entries]]
+                   [e.dtype.itemsize for e, _ in entries], [s.lookup_at for s in sources],
+                   [s.lookup_dim for s in sources]]
         columns += [[s.strides[d] for s in sources] for d in range(routes.dims)]
         columns += [[s.sizes[d] for s in sources] for d in range(routes.dims)]
         targets = tuple(weights[name] for name in routes.tensors)
@@ -219,17 +270,20 @@ class _Moves:
 @attrs.frozen
 class StagedRoutes:
     """Every sparse entry of a payload, routed into one shard's local tensors: the write
-    is one scatter launch, its undo log one gather (``apply.Staged``'s protocol)."""
+    is one scatter launch (``apply.Staged``'s protocol). Its undo log is the values
+    gathered when staging: the residues resolved against them, so nothing may write the
+    tensors between staging and writing in any case."""
 
     moves: _Moves
     new: tuple[torch.Tensor, ...]
+    old: torch.Tensor
 
     @property
     def name(self) -> str:
         return f"{len(self.new)} routed sparse entries"
 
     def saved(self) -> torch.Tensor:
-        return self.moves.gather()
+        return self.old
 
     def write(self) -> None:
         self.moves.scatter(self.new)
