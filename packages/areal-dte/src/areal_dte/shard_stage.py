@@ -9,10 +9,14 @@ for such a rank. It checks a payload against the sender's tensors with
 held them by name), then maps every entry onto the local tensors through the shard's
 pieces:
 
-- the flat indices of every sparse entry go through one ``dte_codec.batched_remap.remap_all``
-  (a fixed number of kernel launches for the whole payload); residues resolve against
-  the local values there, on a GPU all entries at once;
-- a dense or box entry is cut into the boxes of the local tensors it overlaps.
+- the flat indices of every sparse entry are routed to the local tensors together: where
+  the kernels run by ``dte_codec.routes`` (the plan kept as device tables, built on the
+  first payload), otherwise, and for any payload the routes give way on, by one
+  ``dte_codec.batched_remap.remap_all``; residues resolve against the local values
+  there, on a GPU all entries at once;
+- a dense or box entry is cut into the boxes of the local tensors it overlaps (computed
+  once per tensor and box); where the kernels run, every box of a full version is
+  written by ``dte_codec.box_copy`` (one launch per item size).
 
 Elements that no piece of this shard holds (another rank's slice) are dropped; local
 elements that no piece covers (vocab padding) are never written. The result is a
@@ -197,29 +201,41 @@ class ShardStage:
         """The box entries of a full version as one ``StagedCopies`` where the kernels
         run; None where the reference writes them (``_boxes``)."""
         device = next(iter(weights.values())).device if weights else None
-        if device is None or not entries or not fused(device) or any(
-                t.device != device for t in weights.values()):
+        if device is None or not entries or not fused(device):
             return None
-        raws = [sections[0].to(device) for _, _, sections in entries]
-        if any(raw.numel() != box.numel * entry.dtype.itemsize
-               or raw.data_ptr() % entry.dtype.itemsize
-               or any(weights[t].dtype != entry.dtype for t, _, _ in self._cuts(entry.name, box))
-               for (entry, box, _), raw in zip(entries, raws)):
+        raws = tuple(sections[0] for _, _, sections in entries)
+        if any(t.device != device for t in itertools.chain(raws, weights.values())):
             return None
         aligned = all(t.data_ptr() % WORD_BYTES == 0
                       for t in itertools.chain(raws, weights.values()))
+        if not aligned and any(raw.data_ptr() % entry.dtype.itemsize
+                               for (entry, _, _), raw in zip(entries, raws)):
+            return None
         key = (device, aligned, tuple((entry.name, box) for entry, box, _ in entries))
-        plan = self._plans.get(key)
-        if plan is None:
-            cuts = [Cut(k, tensor, inside, box.size, local, tuple(weights[tensor].shape))
-                    for k, (entry, box, _) in enumerate(entries)
-                    for tensor, inside, local in self._cuts(entry.name, box)]
-            plan = CopyPlan.of(cuts, {n: t.element_size() for n, t in weights.items()}, device,
-                               aligned=aligned)
-            if len(self._plans) >= _PLANS:
+        if key not in self._plans:
+            # what a plan rests on, checked once per set of entries: the sections' sizes
+            # follow from the entries' boxes and dtypes, which check_fit has fixed
+            self._plans[key] = self._copy_plan(weights, entries, raws, device, aligned)
+            if len(self._plans) > _PLANS:
                 self._plans.pop(next(iter(self._plans)))
-            self._plans[key] = plan
-        return None if plan is None else StagedCopies(plan, tuple(raws), weights)
+        plan = self._plans[key]
+        return None if plan is None else StagedCopies(plan, raws, weights)
+
+    def _copy_plan(self, weights: Mapping[str, torch.Tensor],
+                   entries: list[tuple[Entry, Box, tuple[torch.Tensor, ...]]],
+                   raws: tuple[torch.Tensor, ...], device: torch.device, aligned: bool
+                   ) -> CopyPlan | None:
+        """The copy plan of ``entries``; None where the reference must copy (a section
+        of another size, a local tensor of another dtype, a cut the kernel cannot take)."""
+        if any(raw.numel() != box.numel * entry.dtype.itemsize
+               or any(weights[t].dtype != entry.dtype for t, _, _ in self._cuts(entry.name, box))
+               for (entry, box, _), raw in zip(entries, raws)):
+            return None
+        cuts = [Cut(k, tensor, inside, box.size, local, tuple(weights[tensor].shape))
+                for k, (entry, box, _) in enumerate(entries)
+                for tensor, inside, local in self._cuts(entry.name, box)]
+        return CopyPlan.of(cuts, {n: t.element_size() for n, t in weights.items()}, device,
+                           aligned=aligned)
 
 def _base(weights: Mapping[str, torch.Tensor], entry: Entry,
           routed: Mapping[str, Remapped]) -> torch.Tensor | None:
