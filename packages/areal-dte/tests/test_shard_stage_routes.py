@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from kernel_mode import DEVICE, kernels, needs_triton
+from hypothesis import example, given, settings
+from kernel_mode import CUDA, DEVICE, kernels, needs_triton
+from plan_strategies import BACK, PINNED, cases, shards
 from areal_dte.shard_stage import ShardStage
 from bitwise import first_difference
 from dte_codec import box_copy, decode, encode_delta, encode_full
@@ -199,3 +201,30 @@ def test_boxes_without_lookup_and_replicas(replicated):
         assert routed.receive(data).accepted
     assert first_difference(reference.weights, _cpu(routed.weights)) is None
     assert first_difference(materialize(shard, new, fill=PADDING), _cpu(routed.weights)) is None
+
+
+@settings(max_examples=30 if CUDA else 5, deadline=None)
+@given(case=cases())
+@example(case=PINNED)
+@example(case=BACK)
+def test_random_plans_route_as_the_reference(case):
+    """Property: over random models and layouts (Megatron TP/PP/EP, SGLang TP/EP, padded
+    vocabs, Hugging Face; either side sending), a delta from the first source rank lands
+    on the first two target ranks bit for bit as the reference puts it."""
+    config, source_layout, target_layout, seed, rate = case
+    source = shards(config, source_layout)[0]
+    old = _canonical(config, seed % 1000)
+    new = _step(old, seed % 1000 + 1, rate)
+    data = _delta(config, source, old, new)
+    for shard in shards(config, target_layout)[:2]:
+        receivers = []
+        for device in ("cpu", DEVICE):
+            local = {n: t.to(device) for n, t in materialize(shard, old, fill=PADDING).items()}
+            receiver = Receiver(local, stage=ShardStage.of(source, shard, local))
+            receiver.version, receiver.stream_id = 1, "s"
+            receivers.append(receiver)
+        reference, routed = receivers
+        assert reference.receive(data).accepted
+        with kernels():
+            assert routed.receive(data).accepted
+        assert first_difference(reference.weights, _cpu(routed.weights)) is None
