@@ -43,10 +43,9 @@ def _source(config, kind: str):
     return hf_shard(config) if kind == "hf" else megatron_shard(config, MegatronLayout(), rank=0)
 
 
-def _pair(config, layout, source, canonical, rank):
-    """The rank's shard, a reference receiver on the CPU and a routed one on ``DEVICE``,
-    both holding a full load of ``canonical`` at version 1."""
-    shard = sglang_shard(config, layout, rank=rank)
+def _pair(source, shard, canonical):
+    """A reference receiver on the CPU and a routed one on ``DEVICE`` for ``shard``, both
+    holding a full load of ``canonical`` at version 1."""
     out = []
     for device in ("cpu", DEVICE):
         local = {n: t.to(device) for n, t in
@@ -54,7 +53,7 @@ def _pair(config, layout, source, canonical, rank):
         receiver = Receiver(local, stage=ShardStage.of(source, shard, local))
         receiver.version, receiver.stream_id = 1, "s"
         out.append(receiver)
-    return shard, out[0], out[1]
+    return out[0], out[1]
 
 
 def _delta(config, source, old, new):
@@ -79,7 +78,7 @@ def test_routed_delta_equals_the_reference(config, layout, kind, rate, narrow, m
     old = _canonical(config, 0)
     data = _delta(config, source, old, _step(old, 1, rate))
     for rank in range(layout.tp):
-        _, reference, routed = _pair(config, layout, source, old, rank)
+        reference, routed = _pair(source, sglang_shard(config, layout, rank=rank), old)
         assert reference.receive(data).accepted
         with kernels():
             staged = routed.stage(routed.weights, decode(data, device=DEVICE)).entries
@@ -102,7 +101,7 @@ def test_routed_write_failure_restores_the_rank(monkeypatch):
         raise RuntimeError("device lost")
 
     monkeypatch.setattr(StagedRoutes, "write", write)
-    _, reference, routed = _pair(config, layout, source, old, 1)
+    reference, routed = _pair(source, sglang_shard(config, layout, rank=1), old)
     with kernels():
         ack = routed.receive(data)
     assert (False, 1, Rejection.APPLY_FAILED) == (ack.accepted, ack.version, ack.rejection)
@@ -118,7 +117,7 @@ def test_unresolvable_residues_are_refused_as_by_the_reference():
     old = _canonical(config, 0)
     data = _delta(config, source, old, _step(old, 1, 0.3))
     held = {n: torch.full_like(t, float("inf")) for n, t in old.items()}
-    _, reference, routed = _pair(config, layout, source, held, 0)
+    reference, routed = _pair(source, sglang_shard(config, layout, rank=0), held)
     expected = reference.receive(data)
     with kernels():
         got = routed.receive(data)
@@ -146,7 +145,8 @@ def test_copied_full_in_small_chunks(monkeypatch):
 def _check_copied(config, layout, kind):
     source = _source(config, kind)
     for rank in range(layout.tp):
-        _, reference, copied = _pair(config, layout, source, _canonical(config, 0), rank)
+        reference, copied = _pair(source, sglang_shard(config, layout, rank=rank),
+                                   _canonical(config, 0))
         for version, seed in ((2, 1), (3, 2)):
             data = encode_full(materialize(source, _canonical(config, seed)), stream_id="s",
                                version=version)
@@ -187,13 +187,7 @@ def test_boxes_without_lookup_and_replicas(replicated):
     new = _step(old, 1, 0.1)
     data = encode_delta(new, {n: diff(old[n], new[n]) for n in new}, stream_id="s",
                         base_version=1, version=2)
-    receivers = []
-    for device in ("cpu", DEVICE):
-        local = {n: t.to(device) for n, t in materialize(shard, old, fill=PADDING).items()}
-        receiver = Receiver(local, stage=ShardStage.of(source, shard, local))
-        receiver.version, receiver.stream_id = 1, "s"
-        receivers.append(receiver)
-    reference, routed = receivers
+    reference, routed = _pair(source, shard, old)
     assert reference.receive(data).accepted
     with kernels():
         staged = routed.stage(routed.weights, decode(data, device=DEVICE)).entries
@@ -217,13 +211,7 @@ def test_random_plans_route_as_the_reference(case):
     new = _step(old, seed % 1000 + 1, rate)
     data = _delta(config, source, old, new)
     for shard in shards(config, target_layout)[:2]:
-        receivers = []
-        for device in ("cpu", DEVICE):
-            local = {n: t.to(device) for n, t in materialize(shard, old, fill=PADDING).items()}
-            receiver = Receiver(local, stage=ShardStage.of(source, shard, local))
-            receiver.version, receiver.stream_id = 1, "s"
-            receivers.append(receiver)
-        reference, routed = receivers
+        reference, routed = _pair(source, shard, old)
         assert reference.receive(data).accepted
         with kernels():
             assert routed.receive(data).accepted
