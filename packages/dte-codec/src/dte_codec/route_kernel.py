@@ -46,9 +46,10 @@ def _coordinate(entries, segments, seg, index, d: tl.constexpr, NARROW: tl.const
     stride = _entry(entries, SHAPE + d, segments, seg)
     size = _entry(entries, SHAPE + DIMS + d, segments, seg)
     if NARROW:
-        coord = (index.to(tl.int32) // stride.to(tl.int32)) % size.to(tl.int32)
-        return coord.to(tl.int64)
-    return (index // stride) % size
+        coord = ((index.to(tl.int32) // stride.to(tl.int32)) % size.to(tl.int32)).to(tl.int64)
+    else:
+        coord = (index // stride) % size
+    return coord
 
 
 @triton.jit
@@ -98,15 +99,15 @@ def _route(entries, segments, total, table, transfers, lookup, tensor_out, flat_
     first = _entry(entries, FIRST, segments, seg)
     count = tl.where(held & (lookup_at < 0), _entry(entries, COUNT, segments, seg), 0)
     for t in range(tl.max(count, 0)):
-        row = first + t
+        box = first + t
         inside = t < count
-        inside = _inside(table, transfers, row, 0, c0, inside)
-        inside = _inside(table, transfers, row, 1, c1, inside)
-        inside = _inside(table, transfers, row, 2, c2, inside)
+        inside = _inside(table, transfers, box, 0, c0, inside)
+        inside = _inside(table, transfers, box, 1, c1, inside)
+        inside = _inside(table, transfers, box, 2, c2, inside)
         hits += inside.to(tl.int64)
-        target = tl.where(inside, tl.load(table + TENSOR * transfers + row, mask=inside,
+        target = tl.where(inside, tl.load(table + TENSOR * transfers + box, mask=inside,
                                           other=0), target)
-        flat = tl.where(inside, _affine_at(table, transfers, row, c0, c1, c2, inside), flat)
+        flat = tl.where(inside, _affine_at(table, transfers, box, c0, c1, c2, inside), flat)
     tl.store(tensor_out + k, target.to(tl.int32), mask=valid)
     tl.store(flat_out + k, flat, mask=valid)
     tl.atomic_add(flags + OUT_OF_RANGE, tl.sum((valid & ~held).to(tl.int64), 0))
