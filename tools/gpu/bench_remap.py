@@ -1,4 +1,4 @@
-"""Per-tensor ``remap`` against ``remap_all``'s flat path over a whole sync of a Qwen3-4B-shaped model.
+"""Per-tensor ``remap`` against ``remap_all``'s flat path over a whole sync of a Qwen3-4B-shaped model, and the receiver's decode, stage and apply.
 
 The trainer holds Megatron's TP1 layout (fused, query-group-interleaved ``linear_qkv``,
 fused ``linear_fc1``; 290 tensors, 4.02e9 elements); every tensor gets --changed (3.3 %)
@@ -11,27 +11,40 @@ random changed elements, sorted unique int64 indices on the GPU. Two plans:
 Per plan and path: wall time (median of --reps after a warm-up, CUDA synchronized),
 kernel launches and GPU kernel time from one torch.profiler run, host synchronizations
 counted by ``torch.cuda.set_sync_debug_mode``, and a bitwise check that both paths give
-the same indices and positions. Prints Markdown rows for ``docs/benchmarks.md``.
+the same indices and positions.
+
+``--parts stage``: a ``ShardStage`` from that trainer layout into one SGLang TP1 rank, on
+the GPU. A delta (--changed elements flipped by one ulp) and its inverse alternate, each
+decoded, staged and written; a full version is staged and written. Each through the
+stage's previous path (``before``: ``remap_all`` per target, one ``copy_`` per box) and
+its kernel paths (``after``: ``dte_codec.routes``, ``dte_codec.box_copy``), the rank's
+tensors compared bit for bit after every write with a full load by the reference; the
+dense baseline is one copy of a buffer of all bf16 weights. Prints Markdown rows for
+``docs/benchmarks.md``.
 
     PYTHONPATH=packages/dte-codec/src:tools python3 tools/gpu/bench_remap.py --out $OUT
-    uv run python tools/gpu/bench_remap.py --smoke
+    uv run python tools/gpu/bench_remap.py --smoke [--parts stage]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import json
 import statistics
 import time
 import warnings
+from unittest import mock
 from pathlib import Path
 
 import torch
 from provenance import git_sha, machine
 from torch.profiler import ProfilerActivity, profile
 
+from dte_codec import decode, encode_delta, encode_full
 from dte_codec.batched_remap import RemapItem, remap_flat
+from dte_codec.dispatch import reference
 from dte_codec.geometry import plan
 from dte_codec.layouts import ModelConfig
 from dte_codec.megatron_layout import MegatronLayout, megatron_shard
@@ -52,6 +65,9 @@ def parse() -> argparse.Namespace:
     p.add_argument("--sha", default=None, help="the tree's sha, where the machine has no git")
     p.add_argument("--out", type=Path, default=None)
     p.add_argument("--smoke", action="store_true", help="a tiny model on the CPU")
+    p.add_argument("--parts", default="remap,stage", help="comma-separated: remap, stage")
+    p.add_argument("--profile", action="store_true",
+                   help="stage: write the torch profile of one delta and one full write per path")
     return p.parse_args()
 
 
@@ -126,6 +142,16 @@ def main() -> None:
     config = SMOKE if a.smoke else QWEN3_4B
     results = {"sha": a.sha or git_sha(), "machine": machine(device.type),
                "date": datetime.date.today().isoformat(), "changed": a.changed}
+    parts = a.parts.split(",")
+    if "stage" in parts:
+        results["stage"] = stage_rows(config, a.changed, a.reps, device,
+                                      profile_to=a.out if a.profile else None)
+        print_stage(results["stage"])
+        if a.out:
+            a.out.mkdir(parents=True, exist_ok=True)
+            (a.out / "stage.json").write_text(json.dumps(results, indent=1))
+    if "remap" not in parts:
+        return
     for name, targets in (("receiver", 1), ("sender", 4)):
         items = items_for(config, targets, a.changed, device)
         elements = sum(i.indices.numel() for i in items)
@@ -151,6 +177,154 @@ def main() -> None:
     if a.out:
         a.out.mkdir(parents=True, exist_ok=True)
         (a.out / "remap.json").write_text(json.dumps(results, indent=1))
+
+
+def stage_rows(config: ModelConfig, changed: float, reps: int, device: torch.device, *,
+               profile_to: Path | None = None) -> dict:
+    """Decode, stage and write of a delta and of a full version into one SGLang TP1 rank,
+    reference against kernels, bitwise after every write."""
+    from areal_dte.shard_stage import ShardStage
+    from dte_detector import diff
+    source = megatron_shard(config, MegatronLayout(tp=1), rank=0)
+    shard = sglang_shard(config, SGLangLayout(tp=1), rank=0)
+    gen = torch.Generator(device=device).manual_seed(0)
+    old = {n: (torch.randn(spec.shape, generator=gen, device=device) * 0.05).to(spec.dtype)
+           for n, spec in source.tensors.items()}
+    new = {}
+    for n, t in old.items():
+        bits = t.view(torch.int16)
+        moved = torch.rand(t.shape, generator=gen, device=device) < changed
+        new[n] = torch.where(moved, bits ^ 1, bits).view(t.dtype)  # one ulp
+    local = {n: torch.zeros(spec.shape, dtype=spec.dtype, device=device)
+             for n, spec in shard.tensors.items()}
+    stage = ShardStage.of(source, shard, local)
+    expected = {}
+    for name, weights in (("old", old), ("new", new)):
+        with reference():
+            stage(local, decode(encode_full(weights, stream_id="s", version=1),
+                                device=device)).write()
+        expected[name] = {n: t.clone() for n, t in local.items()}
+    deltas = [encode_delta(b, {n: diff(a[n], b[n]) for n in b}, stream_id="s",
+                           base_version=v, version=v + 1)
+              for v, (a, b) in enumerate(((old, new), (new, old)), start=1)]
+    changed_elements = sum(int(diff(old[n], new[n]).indices.numel()) for n in old)
+    full = decode(encode_full(new, stream_id="s", version=9), device=device)
+    rows = {"tensors": len(old), "elements": sum(t.numel() for t in old.values()),
+            "changed_elements": changed_elements,
+            "dense_copy_ms": _dense_copy_ms(local, reps, device)}
+    for path, mode in (("before", _previous_path), ("after", contextlib.nullcontext)):
+        rows[path] = _stage_path(stage, local, deltas, full, expected, mode, reps, device)
+        print(path, json.dumps(rows[path]), flush=True)
+        if profile_to is not None:
+            with mode():
+                _profile(profile_to / f"stage_profile_{path}.txt", stage, local, deltas, full,
+                         device)
+    return rows
+
+
+def _profile(path: Path, stage, local, deltas, full, device) -> None:
+    """Ops by self CPU and by device time of one delta (decode, stage, write) and one
+    full version (stage, write), the delta undone after."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    lines = []
+    for name, run in (("delta", lambda: stage(local, decode(deltas[0], device=device)).write()),
+                      ("full", lambda: stage(local, full).write())):
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            run()
+            synchronize()
+        stage(local, decode(deltas[1], device=device)).write()
+        events = prof.key_averages()
+        lines += [f"## {name}", events.table(sort_by="self_cpu_time_total", row_limit=25),
+                  events.table(sort_by="self_cuda_time_total", row_limit=15)]
+    path.write_text("\n".join(lines))
+
+
+@contextlib.contextmanager
+def _previous_path():
+    """The stage without its kernel paths: what it ran before them."""
+    from areal_dte.shard_stage import ShardStage
+    with mock.patch.object(ShardStage, "_routed", return_value=None), \
+            mock.patch.object(ShardStage, "_copied", return_value=None):
+        yield
+
+
+def _stage_path(stage, local, deltas, full, expected, mode, reps: int, device) -> dict:
+    """Medians over ``reps`` alternating deltas (decode, stage, write) and full versions
+    (stage, write); bitwise after every write."""
+    times = {"decode": [], "stage": [], "write": [], "full_stage": [], "full_write": []}
+    bitwise = True
+    with mode():
+        for rep in range(reps + 1):  # the first: warm-up (kernel compiles, plans)
+            for frame, after in zip(deltas, ("new", "old")):
+                payload, t_decode = _timed(lambda: decode(frame, device=device))
+                prepared, t_stage = _timed(lambda: stage(local, payload))
+                _, t_write = _timed(prepared.write)
+                bitwise &= _same(local, expected[after])
+                if rep and after == "new":
+                    times["decode"].append(t_decode)
+                    times["stage"].append(t_stage)
+                    times["write"].append(t_write)
+            prepared, t_stage = _timed(lambda: stage(local, full))
+            _, t_write = _timed(prepared.write)
+            bitwise &= _same(local, expected["new"])
+            stage(local, decode(deltas[1], device=device)).write()  # back to "old"
+            if rep:
+                times["full_stage"].append(t_stage)
+                times["full_write"].append(t_write)
+        syncs = _syncs(lambda: stage(local, decode(deltas[0], device=device)).write())
+        stage(local, decode(deltas[1], device=device)).write()
+    out = {k: statistics.median(v) for k, v in times.items()}
+    out.update(bitwise=bitwise, delta_host_syncs=syncs)
+    return out
+
+
+def _timed(fn):
+    synchronize()
+    start = time.perf_counter()
+    out = fn()
+    synchronize()
+    return out, (time.perf_counter() - start) * 1e3
+
+
+def _same(a: dict, b: dict) -> bool:
+    return all(torch.equal(a[n].view(torch.int16), b[n].view(torch.int16)) for n in a)
+
+
+def _syncs(fn) -> int | None:
+    if not torch.cuda.is_available():
+        return None
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        fn()
+        torch.cuda.set_sync_debug_mode("default")
+    return sum("synchroniz" in str(w.message) for w in caught)
+
+
+def _dense_copy_ms(local: dict, reps: int, device) -> float:
+    """One copy of a buffer as large as all local bf16 weights (median of ``reps``)."""
+    numel = sum(t.numel() for t in local.values())
+    source = torch.empty(numel, dtype=torch.bfloat16, device=device)
+    target = torch.empty_like(source)
+    target.copy_(source)
+    return statistics.median(_timed(lambda: target.copy_(source))[1] for _ in range(reps))
+
+
+def print_stage(row: dict) -> None:
+    print(f"tensors {row['tensors']}, elements {row['elements']:.3g}, changed "
+          f"{row['changed_elements']:.3g}, dense copy {row['dense_copy_ms']:.2f} ms")
+    print("| path | delta decode ms | delta stage ms | delta write ms | delta total ms "
+          "| host syncs (decode+stage+write) | full stage ms | full write ms "
+          "| full / dense copy | bitwise |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for path in ("before", "after"):
+        r = row[path]
+        total = r["decode"] + r["stage"] + r["write"]
+        full = r["full_stage"] + r["full_write"]
+        print(f"| {path} | {r['decode']:.1f} | {r['stage']:.1f} | {r['write']:.1f} | "
+              f"{total:.1f} | {r['delta_host_syncs']} | {r['full_stage']:.1f} | "
+              f"{r['full_write']:.1f} | {full / row['dense_copy_ms']:.2f}x | "
+              f"{r['bitwise']} |")
 
 
 if __name__ == "__main__":

@@ -9,10 +9,14 @@ for such a rank. It checks a payload against the sender's tensors with
 held them by name), then maps every entry onto the local tensors through the shard's
 pieces:
 
-- the flat indices of every sparse entry go through one ``dte_codec.batched_remap.remap_all``
-  (a fixed number of kernel launches for the whole payload); residues resolve against
-  the local values there, on a GPU all entries at once;
-- a dense or box entry is cut into the boxes of the local tensors it overlaps.
+- the flat indices of every sparse entry are routed to the local tensors together: where
+  the kernels run by ``dte_codec.routes`` (the plan kept as device tables, built on the
+  first payload), otherwise, and for any payload the routes give way on, by one
+  ``dte_codec.batched_remap.remap_all``; residues resolve against the local values
+  there, on a GPU all entries at once;
+- a dense or box entry is cut into the boxes of the local tensors it overlaps (computed
+  once per tensor and box); where the kernels run, every box of a full version is
+  written by ``dte_codec.box_copy`` (one launch per item size).
 
 Elements that no piece of this shard holds (another rank's slice) are dropped; local
 elements that no piece covers (vocab padding) are never written. The result is a
@@ -21,6 +25,7 @@ elements that no piece covers (vocab padding) are never written. The result is a
 
 from __future__ import annotations
 
+import itertools
 from collections import defaultdict
 from collections.abc import Mapping
 
@@ -29,14 +34,20 @@ import torch
 from dte_codec import Kind, Payload
 from dte_codec.apply import Prepared, Staged, check_fit
 from dte_codec.batched_remap import RemapItem, remap_all
+from dte_codec.box_copy import CopyPlan, Cut, StagedCopies
+from dte_codec.dispatch import fused
 from dte_codec.errors import GeometryError
-from dte_codec.fields import batched
+from dte_codec.fields import WORD_BYTES, batched
 from dte_codec.flat_values import resolve_residues
 from dte_codec.geometry import Piece, Shard, Transfer, plan
 from dte_codec.header import Entry, ValueEncoding
 from dte_codec.region import Box
 from dte_codec.remap import Remapped
+from dte_codec.routes import Routes, StagedRoutes, stage_routed
 from dte_codec.values import decode_values
+
+_PLANS = 4
+"""Copy plans kept per stage: a sender brings one set of boxes per full version."""
 
 
 @attrs.frozen
@@ -53,6 +64,14 @@ class ShardStage:
     pieces: Mapping[str, tuple[Piece, ...]]
     """Per sender tensor, the same boxes as pieces (region: the box in the sender's
     tensor; local: where the shard holds it)."""
+    _routes: dict[torch.device, Routes] = attrs.field(factory=dict, init=False, eq=False,
+                                                      repr=False)
+    """Per device where the kernels run, the plan as device tables (built on first use)."""
+    _cut_cache: dict[tuple[str, Box], tuple[tuple[str, Box, Box], ...]] = attrs.field(
+        factory=dict, init=False, eq=False, repr=False)
+    _plans: dict[tuple, CopyPlan | None] = attrs.field(factory=dict, init=False, eq=False,
+                                                       repr=False)
+    """The copy plans of the last few sets of box entries of full versions."""
 
     @classmethod
     def of(cls, source: Shard, shard: Shard,
@@ -93,20 +112,29 @@ class ShardStage:
         entries = list(zip(payload.header.entries, payload.indices, payload.values))
         sparse = [k for k, (_, where, _) in enumerate(entries) if not isinstance(where, Box)]
         resolved = dict(zip(sparse, self._sparse(weights, [entries[k] for k in sparse])))
-        staged: list[Staged] = []
+        boxes = [entries[k] for k in range(len(entries)) if k not in resolved]
+        copied = self._copied(weights, boxes) if kind == Kind.FULL else None
+        staged: list[Staged | StagedRoutes | StagedCopies] = []
         for k, (entry, where, sections) in enumerate(entries):
             if k in resolved:
                 staged.extend(resolved[k])
-            else:
+            elif copied is None:
                 staged.extend(self._boxes(weights, entry, where, sections[0],
                                           keep_undo=kind == Kind.DELTA))
+        if copied is not None:
+            staged.append(copied)
         return Prepared(tuple(staged), kind == Kind.FULL)
 
     def _sparse(self, weights: Mapping[str, torch.Tensor],
                 entries: list[tuple[Entry, torch.Tensor, tuple[torch.Tensor, ...]]]
-                ) -> list[list[Staged]]:
-        """Every sparse entry remapped in one ``remap_all`` and its values resolved
+                ) -> list[list[Staged | StagedRoutes]]:
+        """Every sparse entry staged: where the kernels run, all of them routed at once
+        (``dte_codec.routes``, given as the first entry's writes); otherwise, or where
+        the routes give way, remapped in one ``remap_all`` with their values resolved
         (residues of all entries on a GPU together), as writes into the local tensors."""
+        routed = self._routed(weights, entries)
+        if routed is not None:
+            return [[routed]] + [[] for _ in entries[1:]]
         items = [RemapItem(self.transfers[entry.name], entry.shape,
                            self._on_rank(weights, entry.name, indices), tensor=entry.name)
                  for entry, indices, _ in entries]
@@ -118,29 +146,96 @@ class ShardStage:
                  for name, r in where.items()]
                 for where, new in zip(routed, values)]
 
+    def _routed(self, weights: Mapping[str, torch.Tensor],
+                entries: list[tuple[Entry, torch.Tensor, tuple[torch.Tensor, ...]]]
+                ) -> StagedRoutes | None:
+        device = next(iter(weights.values())).device if weights else None
+        if device is None or not entries or not fused(device) or any(
+                t.device != device for t in weights.values()):
+            return None
+        routes = self._routes.get(device)
+        if routes is None:
+            routes = self._routes[device] = Routes.of(
+                self.transfers, {n: tuple(t.shape) for n, t in self.canonical.items()},
+                {n: t.dtype for n, t in self.canonical.items()}, weights, device)
+        moved = [(entry, indices.to(device), tuple(s.to(device) for s in sections))
+                 for entry, indices, sections in entries]
+        return stage_routed(routes, weights, moved)
+
     def _on_rank(self, weights: Mapping[str, torch.Tensor], name: str,
                  indices: torch.Tensor) -> torch.Tensor:
         """``indices`` on the device of the local tensors they reach (if any)."""
         transfers = self.transfers[name]
         return indices.to(weights[transfers[0].target_tensor].device) if transfers else indices
 
+    def _cuts(self, name: str, box: Box) -> tuple[tuple[str, Box, Box], ...]:
+        """Where the box ``box`` of sender tensor ``name`` lands: per local box it
+        overlaps, (local tensor, the part inside ``box``, the local box). Computed once
+        per (tensor, box): a full version brings the same boxes every time."""
+        key = (name, box)
+        cuts = self._cut_cache.get(key)
+        if cuts is None:
+            cuts = []
+            for piece in self.pieces[name]:
+                common = piece.region.intersect(box)
+                if common.numel:
+                    cuts.append((piece.tensor,
+                                 Box([c - b for c, b in zip(common.start, box.start)],
+                                     common.size), piece.to_local(common)))
+            cuts = self._cut_cache[key] = tuple(cuts)
+        return cuts
+
     def _boxes(self, weights: Mapping[str, torch.Tensor], entry: Entry, box: Box,
                raw: torch.Tensor, *, keep_undo: bool) -> list[Staged]:
-        values = None
-        staged = []
-        for piece in self.pieces[entry.name]:
-            common = piece.region.intersect(box)
-            if common.numel == 0:
-                continue
-            if values is None:
-                values = raw.to(weights[piece.tensor].device).view(entry.dtype).view(box.size)
-            inside = Box([c - b for c, b in zip(common.start, box.start)], common.size)
-            local = piece.to_local(common)
-            staged.append(Staged(piece.tensor, weights[piece.tensor], local,
-                                 values[inside.slices()].reshape(local.size),
-                                 keep_undo=keep_undo))
-        return staged
+        cuts = self._cuts(entry.name, box)
+        if not cuts:
+            return []
+        values = raw.to(weights[cuts[0][0]].device).view(entry.dtype).view(box.size)
+        return [Staged(tensor, weights[tensor], local,
+                       values[inside.slices()].reshape(local.size), keep_undo=keep_undo)
+                for tensor, inside, local in cuts]
 
+    def _copied(self, weights: Mapping[str, torch.Tensor],
+                entries: list[tuple[Entry, Box, tuple[torch.Tensor, ...]]]
+                ) -> StagedCopies | None:
+        """The box entries of a full version as one ``StagedCopies`` where the kernels
+        run; None where the reference writes them (``_boxes``)."""
+        device = next(iter(weights.values())).device if weights else None
+        if device is None or not entries or not fused(device):
+            return None
+        raws = tuple(sections[0] for _, _, sections in entries)
+        if any(t.device != device for t in itertools.chain(raws, weights.values())):
+            return None
+        aligned = all(t.data_ptr() % WORD_BYTES == 0
+                      for t in itertools.chain(raws, weights.values()))
+        if not aligned and any(raw.data_ptr() % entry.dtype.itemsize
+                               for (entry, _, _), raw in zip(entries, raws)):
+            return None
+        key = (device, aligned, tuple((entry.name, box) for entry, box, _ in entries))
+        if key not in self._plans:
+            # what a plan rests on, checked once per set of entries: the sections' sizes
+            # follow from the entries' boxes and dtypes, which check_fit has fixed
+            self._plans[key] = self._copy_plan(weights, entries, raws, device, aligned)
+            if len(self._plans) > _PLANS:
+                self._plans.pop(next(iter(self._plans)))
+        plan = self._plans[key]
+        return None if plan is None else StagedCopies(plan, raws, weights)
+
+    def _copy_plan(self, weights: Mapping[str, torch.Tensor],
+                   entries: list[tuple[Entry, Box, tuple[torch.Tensor, ...]]],
+                   raws: tuple[torch.Tensor, ...], device: torch.device, aligned: bool
+                   ) -> CopyPlan | None:
+        """The copy plan of ``entries``; None where the reference must copy (a section
+        of another size, a local tensor of another dtype, a cut the kernel cannot take)."""
+        if any(raw.numel() != box.numel * entry.dtype.itemsize
+               or any(weights[t].dtype != entry.dtype for t, _, _ in self._cuts(entry.name, box))
+               for (entry, box, _), raw in zip(entries, raws)):
+            return None
+        cuts = [Cut(k, tensor, inside, box.size, local, tuple(weights[tensor].shape))
+                for k, (entry, box, _) in enumerate(entries)
+                for tensor, inside, local in self._cuts(entry.name, box)]
+        return CopyPlan.of(cuts, {n: t.element_size() for n, t in weights.items()}, device,
+                           aligned=aligned)
 
 def _base(weights: Mapping[str, torch.Tensor], entry: Entry,
           routed: Mapping[str, Remapped]) -> torch.Tensor | None:

@@ -1,0 +1,218 @@
+"""ShardStage's kernel paths against their references, bit for bit, on SGLang ranks fed
+by Hugging Face- and Megatron-layout senders: deltas routed (``dte_codec.routes``: every
+sparse entry routed, gathered and scattered by the kernels; reference ``remap_all`` per
+target) and full versions copied (``dte_codec.box_copy``; reference one ``copy_`` per
+box).
+
+On a CUDA device the kernels run there; on the CPU under Triton's interpreter
+(``kernel_mode``).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import example, given, settings
+from kernel_mode import CUDA, DEVICE, kernels, needs_triton
+from plan_strategies import BACK, PINNED, cases, shards
+from areal_dte.shard_stage import ShardStage
+from bitwise import first_difference
+from dte_codec import box_copy, decode, encode_delta, encode_full
+from dte_codec.box_copy import StagedCopies
+from dte_codec.geometry import Piece, Shard, TensorSpec, materialize
+from dte_codec.layouts import hf_shard
+from dte_codec.megatron_layout import MegatronLayout, megatron_shard
+from dte_codec.region import Box
+from dte_codec import routes
+from dte_codec.routes import StagedRoutes
+from dte_codec.sglang_layout import SGLangLayout, sglang_shard
+from dte_detector import diff
+from dte_transport import Receiver, Rejection
+from test_shard_stage import DENSE, MOE, PADDING, _canonical, _step
+
+pytestmark = needs_triton
+
+CASES = [(DENSE, SGLangLayout(), "hf"), (DENSE, SGLangLayout(tp=2, vocab_padding=3), "hf"),
+         (MOE, SGLangLayout(tp=2, ep=2), "hf"), (DENSE, SGLangLayout(tp=2), "megatron"),
+         (MOE, SGLangLayout(tp=2), "megatron")]
+IDS = [f"{'moe' if c.is_moe else 'dense'}-tp{l.tp}-ep{l.ep}-pad{l.vocab_padding}-{s}"
+       for c, l, s in CASES]
+
+
+def _source(config, kind: str):
+    return hf_shard(config) if kind == "hf" else megatron_shard(config, MegatronLayout(), rank=0)
+
+
+def _pair(source, shard, canonical):
+    """A reference receiver on the CPU and a routed one on ``DEVICE`` for ``shard``, both
+    holding a full load of ``canonical`` at version 1."""
+    out = []
+    for device in ("cpu", DEVICE):
+        local = {n: t.to(device) for n, t in
+                 materialize(shard, canonical, fill=PADDING).items()}
+        receiver = Receiver(local, stage=ShardStage.of(source, shard, local))
+        receiver.version, receiver.stream_id = 1, "s"
+        out.append(receiver)
+    return out[0], out[1]
+
+
+def _delta(config, source, old, new):
+    before, after = materialize(source, old), materialize(source, new)
+    return encode_delta(after, {n: diff(before[n], after[n]) for n in after}, stream_id="s",
+                        base_version=1, version=2)
+
+
+def _cpu(weights):
+    return {n: t.cpu() for n, t in weights.items()}
+
+
+@pytest.mark.parametrize(("config", "layout", "kind"), CASES, ids=IDS)
+@pytest.mark.parametrize(("rate", "narrow"), [(0.02, 2**31), (0.4, 2**31), (0.4, 0)],
+                         ids=["sparse", "dense", "dense-64-bit-coordinates"])
+def test_routed_delta_equals_the_reference(config, layout, kind, rate, narrow, monkeypatch):
+    """Every rank's tensors after a routed delta equal the reference's bit for bit, and
+    the routed path staged every sparse entry (no silent fallback); with 32- and with
+    64-bit coordinates."""
+    monkeypatch.setattr(routes, "_NARROW", narrow)
+    source = _source(config, kind)
+    old = _canonical(config, 0)
+    data = _delta(config, source, old, _step(old, 1, rate))
+    for rank in range(layout.tp):
+        reference, routed = _pair(source, sglang_shard(config, layout, rank=rank), old)
+        assert reference.receive(data).accepted
+        with kernels():
+            staged = routed.stage(routed.weights, decode(data, device=DEVICE)).entries
+            assert [StagedRoutes] == [type(s) for s in staged if not hasattr(s, "where")]
+            assert routed.receive(data).accepted
+        assert first_difference(reference.weights, _cpu(routed.weights)) is None
+
+
+def test_routed_write_failure_restores_the_rank(monkeypatch):
+    """A routed write that fails after scattering leaves the rank at its version, bit
+    for bit (the undo log is the gather taken before the write)."""
+    config, layout = DENSE, SGLangLayout(tp=2)
+    source = _source(config, "megatron")
+    old = _canonical(config, 0)
+    data = _delta(config, source, old, _step(old, 1, 0.3))
+    original = StagedRoutes.write
+
+    def write(self):
+        original(self)
+        raise RuntimeError("device lost")
+
+    monkeypatch.setattr(StagedRoutes, "write", write)
+    reference, routed = _pair(source, sglang_shard(config, layout, rank=1), old)
+    with kernels():
+        ack = routed.receive(data)
+    assert (False, 1, Rejection.APPLY_FAILED) == (ack.accepted, ack.version, ack.rejection)
+    assert first_difference(reference.weights, _cpu(routed.weights)) is None
+
+
+def test_unresolvable_residues_are_refused_as_by_the_reference():
+    """Residues sent against other base values than the rank holds (+inf everywhere here)
+    resolve out of range: the routed receiver gives way to the reference and refuses the
+    delta with its error, writing nothing."""
+    config, layout = DENSE, SGLangLayout()
+    source = _source(config, "hf")
+    old = _canonical(config, 0)
+    data = _delta(config, source, old, _step(old, 1, 0.3))
+    held = {n: torch.full_like(t, float("inf")) for n, t in old.items()}
+    reference, routed = _pair(source, sglang_shard(config, layout, rank=0), held)
+    expected = reference.receive(data)
+    with kernels():
+        got = routed.receive(data)
+    assert (False, Rejection.BAD_PAYLOAD) == (expected.accepted, expected.rejection)
+    assert (expected.accepted, expected.rejection, expected.detail) == (
+        got.accepted, got.rejection, got.detail)
+    assert first_difference(reference.weights, _cpu(routed.weights)) is None
+
+
+@pytest.mark.parametrize(("config", "layout", "kind"), CASES, ids=IDS)
+def test_copied_full_equals_the_reference(config, layout, kind):
+    """Every rank's tensors after a full version written by the box-copy kernel equal
+    the reference's bit for bit (vocab padding untouched), twice in a row (the second
+    from the cached plan), and the kernel wrote every box entry."""
+    _check_copied(config, layout, kind)
+
+
+def test_copied_full_in_small_chunks(monkeypatch):
+    """Chunks of 5 elements cut rows into several column chunks, as the long rows of a
+    large model are, and take one row each: the same bits as the reference."""
+    monkeypatch.setattr(box_copy, "_CHUNK", 5)
+    _check_copied(*CASES[4])
+
+
+def _check_copied(config, layout, kind):
+    source = _source(config, kind)
+    for rank in range(layout.tp):
+        reference, copied = _pair(source, sglang_shard(config, layout, rank=rank),
+                                   _canonical(config, 0))
+        for version, seed in ((2, 1), (3, 2)):
+            data = encode_full(materialize(source, _canonical(config, seed)), stream_id="s",
+                               version=version)
+            assert reference.receive(data).accepted
+            with kernels():
+                staged = copied.stage(copied.weights, decode(data, device=DEVICE)).entries
+                assert [StagedCopies] == [type(s) for s in staged]
+                assert copied.receive(data).accepted
+            assert first_difference(reference.weights, _cpu(copied.weights)) is None
+
+
+def _quadrant_shard(replicated: bool) -> tuple[Shard, Shard]:
+    """A sender holding ``w`` (12, 16) and ``v`` (64,) whole, and a rank holding ``w`` cut in
+    four quadrants (boxes that vary in two dimensions: no lookup) and ``v`` once, or
+    twice in one tensor (an element that two pieces hold)."""
+    bf16 = torch.bfloat16
+    shapes = {"w": (12, 16), "v": (64,)}
+    source = Shard(rank=0, tensors={n: TensorSpec(s, bf16) for n, s in shapes.items()},
+                   pieces=[Piece(tensor=n, local=Box.whole(s), canonical=n, region=Box.whole(s))
+                           for n, s in shapes.items()])
+    tensors = {f"a{k}": TensorSpec((6, 8), bf16) for k in range(4)}
+    pieces = [Piece(tensor=f"a{2 * r + c}", local=Box((0, 0), (6, 8)), canonical="w",
+                    region=Box((6 * r, 8 * c), (6, 8))) for r in range(2) for c in range(2)]
+    tensors["b"] = TensorSpec((2, 64), bf16)
+    pieces += [Piece(tensor="b", local=Box((row, 0), (1, 64)), canonical="v",
+                     region=Box((0,), (64,))) for row in range(2 if replicated else 1)]
+    return source, Shard(rank=0, tensors=tensors, pieces=pieces)
+
+
+@pytest.mark.parametrize("replicated", [False, True], ids=["quadrants", "replicated"])
+def test_boxes_without_lookup_and_replicas(replicated):
+    """Transfers that cut a tensor in two dimensions are found box by box, bit for bit as
+    the reference; an element that two local pieces hold makes the routes give way to
+    the reference, which writes both."""
+    source, shard = _quadrant_shard(replicated)
+    gen = torch.Generator().manual_seed(0)
+    old = {n: torch.randn(s.shape, generator=gen).to(s.dtype) for n, s in source.tensors.items()}
+    new = _step(old, 1, 0.1)
+    data = encode_delta(new, {n: diff(old[n], new[n]) for n in new}, stream_id="s",
+                        base_version=1, version=2)
+    reference, routed = _pair(source, shard, old)
+    assert reference.receive(data).accepted
+    with kernels():
+        staged = routed.stage(routed.weights, decode(data, device=DEVICE)).entries
+        assert (not replicated) == any(isinstance(s, StagedRoutes) for s in staged)
+        assert routed.receive(data).accepted
+    assert first_difference(reference.weights, _cpu(routed.weights)) is None
+    assert first_difference(materialize(shard, new, fill=PADDING), _cpu(routed.weights)) is None
+
+
+@settings(max_examples=30 if CUDA else 5, deadline=None)
+@given(case=cases())
+@example(case=PINNED)
+@example(case=BACK)
+def test_random_plans_route_as_the_reference(case):
+    """Property: over random models and layouts (Megatron TP/PP/EP, SGLang TP/EP, padded
+    vocabs, Hugging Face; either side sending), a delta from the first source rank lands
+    on the first two target ranks bit for bit as the reference puts it."""
+    config, source_layout, target_layout, seed, rate = case
+    source = shards(config, source_layout)[0]
+    old = _canonical(config, seed % 1000)
+    new = _step(old, seed % 1000 + 1, rate)
+    data = _delta(config, source, old, new)
+    for shard in shards(config, target_layout)[:2]:
+        reference, routed = _pair(source, shard, old)
+        assert reference.receive(data).accepted
+        with kernels():
+            assert routed.receive(data).accepted
+        assert first_difference(reference.weights, _cpu(routed.weights)) is None

@@ -1,0 +1,174 @@
+"""Box entries of a full version written into local tensors by one launch per item size.
+
+A ``Cut`` says: the box ``inside`` of entry ``entry``'s values (laid out as the entry's
+box, ``shape``) goes to the box ``local`` of local tensor ``tensor``; both boxes have the
+same shape once their size-1 dimensions are dropped. ``CopyPlan.of`` turns the cuts of a
+payload's entries into device tables once (the cuts, their strides, the chunks the
+kernel's programs take, ``box_copy_kernel``); ``StagedCopies`` then writes a payload with
+those entries by passing only the addresses of its value sections and of the local
+tensors. The reference is one ``copy_`` per cut (``apply.Staged``); both write the same
+bits, as neither converts items.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+
+import attrs
+import torch
+
+from .dispatch import on_device
+from .fields import WORD_BYTES, host_table
+from .region import Box
+from .remap import _strides
+
+_DIMS = 3
+"""Dimensions a copy has once size-1 ones are dropped and contiguous ones merged."""
+_CHUNK = 1 << 16
+"""Elements per program: whole rows up to this many, else part of one row."""
+
+
+@attrs.frozen
+class Cut:
+    """The box ``inside`` of entry ``entry``'s values (shaped ``shape``) goes to the box
+    ``local`` of local tensor ``tensor`` (shaped ``local_shape``)."""
+
+    entry: int
+    tensor: str
+    inside: Box
+    shape: tuple[int, ...]
+    local: Box
+    local_shape: tuple[int, ...]
+
+
+@attrs.frozen
+class _Launch:
+    itemsize: int
+    contiguous: bool
+    chunks: torch.Tensor
+    copies: torch.Tensor
+
+
+@attrs.frozen
+class CopyPlan:
+    """The cuts of one set of box entries as device tables, one launch per unit (item
+    size) and per whether rows are contiguous on both sides."""
+
+    tensors: tuple[str, ...]
+    launches: tuple[_Launch, ...]
+
+    @classmethod
+    def of(cls, cuts: Sequence[Cut], itemsizes: Mapping[str, int], device: torch.device,
+           *, aligned: bool) -> CopyPlan | None:
+        """The plan of ``cuts`` into local tensors of ``itemsizes``; None when a cut has
+        more than three dimensions that do not merge (the reference copies it).
+        ``aligned``: every value section and local tensor starts on a word, so contiguous
+        rows whose offsets and lengths are whole words move a word per item."""
+        tensors = tuple(sorted({c.tensor for c in cuts}))
+        ids = {name: k for k, name in enumerate(tensors)}
+        copies: dict[tuple[int, bool], list[list[int]]] = defaultdict(list)
+        chunks: dict[tuple[int, bool], list[list[int]]] = defaultdict(list)
+        for cut in cuts:
+            row = _copy_row(cut, ids[cut.tensor], itemsizes[cut.tensor], aligned=aligned)
+            if row is None:
+                return None
+            unit, contiguous, (outer, middle, length), columns = row
+            key = (unit, contiguous)
+            chunks[key] += _chunks(len(copies[key]), outer * middle, length)
+            copies[key].append(columns)
+        launches = tuple(_Launch(unit, contiguous, host_table(_columns(chunks[key]), device),
+                                 host_table(_columns(copies[key]), device))
+                         for key in sorted(copies) if chunks[key]
+                         for unit, contiguous in [key])
+        return cls(tensors, launches)
+
+    def write(self, values: Sequence[torch.Tensor], weights: Mapping[str, torch.Tensor]
+              ) -> None:
+        """Copy every cut from ``values`` (per entry, its raw section on the device)
+        into ``weights``."""
+        if not self.launches:
+            return
+        from . import box_copy_kernel as kernel
+        device = self.launches[0].chunks.device
+        targets = [weights[name] for name in self.tensors]
+        entries = host_table([[v.data_ptr() for v in values]], device)[0]
+        tensors = host_table([[t.data_ptr() for t in targets]], device)[0]
+        with on_device(device):
+            for launch in self.launches:
+                kernel.copy(launch.chunks, launch.copies, entries, tensors,
+                            itemsize=launch.itemsize, contiguous=launch.contiguous)
+        # written through addresses: tell autograd, as an in-place torch write would
+        torch.autograd.graph.increment_version(targets)
+
+
+@attrs.frozen
+class StagedCopies:
+    """Every box entry of a full version, written by ``CopyPlan.write`` (``apply.Staged``'s
+    protocol; a full version keeps no undo log)."""
+
+    plan: CopyPlan
+    values: tuple[torch.Tensor, ...]
+    weights: Mapping[str, torch.Tensor]
+
+    @property
+    def name(self) -> str:
+        return f"{len(self.values)} box entries"
+
+    def saved(self) -> None:
+        return None
+
+    def write(self) -> None:
+        self.plan.write(self.values, self.weights)
+
+
+def _copy_row(cut: Cut, tensor: int, itemsize: int, *, aligned: bool
+              ) -> tuple[int, bool, tuple[int, int, int], list[int]] | None:
+    """The copy's unit (bytes per item moved), whether its rows are contiguous on both
+    sides, its (outer, middle, length) in units and its row of the copy table
+    (``box_copy_kernel``)."""
+    source_full, target_full = _strides(cut.shape), _strides(cut.local_shape)
+    sizes = [n for n in cut.inside.size if n != 1] or [1]
+    source_strides = [s for n, s in zip(cut.inside.size, source_full) if n != 1] or [1]
+    target_strides = [t for n, t in zip(cut.local.size, target_full) if n != 1] or [1]
+    d = len(sizes) - 1
+    while d > 0:  # merge a dimension into the next where both sides are contiguous
+        if (source_strides[d - 1] == source_strides[d] * sizes[d]
+                and target_strides[d - 1] == target_strides[d] * sizes[d]):
+            sizes[d - 1] *= sizes.pop(d)
+            source_strides.pop(d - 1)
+            target_strides.pop(d - 1)
+        d -= 1
+    if len(sizes) > _DIMS:
+        return None
+    pad = _DIMS - len(sizes)
+    sizes = [1] * pad + sizes
+    source_strides, target_strides = [0] * pad + source_strides, [0] * pad + target_strides
+    source_at = sum(b * s for b, s in zip(cut.inside.start, source_full))
+    target_at = sum(b * s for b, s in zip(cut.local.start, target_full))
+    contiguous = source_strides[-1] == 1 and target_strides[-1] == 1
+    per = WORD_BYTES // itemsize if aligned and contiguous else 1
+    if per > 1 and all(v % per == 0 for v in (sizes[-1], source_at, target_at,
+                                               *source_strides[:-1], *target_strides[:-1])):
+        sizes[-1] //= per
+        source_at, target_at = source_at // per, target_at // per
+        source_strides = [s // per for s in source_strides[:-1]] + [1]
+        target_strides = [t // per for t in target_strides[:-1]] + [1]
+    else:
+        per = 1
+    columns = [cut.entry, tensor, source_at, target_at, sizes[1], *source_strides,
+               *target_strides]
+    return itemsize * per, contiguous, (sizes[0], sizes[1], sizes[2]), columns
+
+
+def _chunks(copy: int, rows: int, length: int) -> list[list[int]]:
+    """The chunk rows (copy, first row, rows, first column, columns) of one copy."""
+    if length >= _CHUNK:
+        return [[copy, r, 1, c, min(_CHUNK, length - c)]
+                for r in range(rows) for c in range(0, length, _CHUNK)]
+    per = _CHUNK // length
+    return [[copy, r, min(per, rows - r), 0, length] for r in range(0, rows, per)]
+
+
+def _columns(rows: list[list[int]]) -> list[list[int]]:
+    return [list(c) for c in zip(*rows)]

@@ -1,0 +1,148 @@
+"""Triton kernels that route every changed element of a payload to its place in a shard's
+local tensors, and move values along those routes, one launch each for all entries.
+
+The flat space is the payload's sparse entries back to back (entry ``e`` owns positions
+``start[e] ..``; its element ``r`` is element ``indices[e][r]`` of its source tensor).
+Per entry the ``entries`` table holds the address and item size of its index tensor, its
+source shape (right-aligned strides and sizes) and its run of transfers in the
+``transfers`` table; per transfer: its target tensor, its source box per dimension and
+the affine map to the target's flat index (``remap._affine``). An entry whose transfers
+split its tensor along one dimension has a lookup (``routes.Routes``): its element reads
+its transfer there; the others compare the element with each of their boxes. ``_route`` writes per
+element the target tensor (-1: no local piece holds it) and the target flat index, and
+counts indices outside their tensor and elements that two transfers reach (the caller
+falls back to the reference for both). ``_move`` gathers the targets' values at the
+routes into per-entry value buffers (0 where unrouted: the +0.0 base) or scatters them.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from .kernel_bits import block_positions, column, load_int, segment_of, store_int
+
+BLOCK = 1024
+# columns of the per-entry table (then the strides, then the sizes of the source shape)
+START, INDEX_AT, INDEX_SIZE, NUMEL, FIRST, COUNT, ITEMSIZE, LOOKUP_AT, LOOKUP_DIM, SHAPE = (
+    tl.constexpr(c) for c in range(10))
+# columns of the per-transfer table (then per dimension its weight, low and high bound)
+TENSOR, SHIFT, AFFINE = (tl.constexpr(c) for c in range(3))
+DIMS = tl.constexpr(3)
+"""Source dimensions a route reads (shapes right-aligned to three)."""
+# the flags ``_route`` counts
+OUT_OF_RANGE, TWICE = (tl.constexpr(c) for c in range(2))
+
+
+@triton.jit
+def _entry(entries, c, segments, seg):
+    return column(entries, c, segments, seg)
+
+
+@triton.jit
+def _coordinate(entries, segments, seg, index, d: tl.constexpr, NARROW: tl.constexpr):
+    """The element's coordinate in right-aligned dimension ``d`` of its source shape
+    (32-bit division where every source tensor has fewer than 2**31 elements)."""
+    stride = _entry(entries, SHAPE + d, segments, seg)
+    size = _entry(entries, SHAPE + DIMS + d, segments, seg)
+    if NARROW:
+        coord = ((index.to(tl.int32) // stride.to(tl.int32)) % size.to(tl.int32)).to(tl.int64)
+    else:
+        coord = (index // stride) % size
+    return coord
+
+
+@triton.jit
+def _inside(table, transfers, row, d: tl.constexpr, coord, inside):
+    """Whether ``coord`` also lies in dimension ``d`` of the transfer's source box."""
+    base = table + (AFFINE + 3 * d) * transfers + row
+    low = tl.load(base + transfers, mask=inside, other=0)
+    high = tl.load(base + 2 * transfers, mask=inside, other=0)
+    return inside & (coord >= low) & (coord < high)
+
+
+@triton.jit
+def _affine_at(table, transfers, row, c0, c1, c2, mask):
+    """The target flat index of coordinates ``c`` through transfer ``row``."""
+    weights = table + AFFINE * transfers + row
+    return (tl.load(table + SHIFT * transfers + row, mask=mask, other=0)
+            + c0 * tl.load(weights, mask=mask, other=0)
+            + c1 * tl.load(weights + 3 * transfers, mask=mask, other=0)
+            + c2 * tl.load(weights + 6 * transfers, mask=mask, other=0))
+
+
+@triton.jit(do_not_specialize=["segments", "total", "transfers"])
+def _route(entries, segments, total, table, transfers, lookup, tensor_out, flat_out, flags,
+           LOG: tl.constexpr, NARROW: tl.constexpr, BLOCK: tl.constexpr):
+    _, k, valid = block_positions(total, BLOCK)
+    seg = segment_of(entries, segments, k, LOG)
+    rank = k - _entry(entries, START, segments, seg)
+    index = load_int(_entry(entries, INDEX_AT, segments, seg), rank,
+                     _entry(entries, INDEX_SIZE, segments, seg), valid)
+    held = valid & (index >= 0) & (index < _entry(entries, NUMEL, segments, seg))
+    # the coordinates once; the transfers then compare and add
+    c0 = _coordinate(entries, segments, seg, index, 0, NARROW)
+    c1 = _coordinate(entries, segments, seg, index, 1, NARROW)
+    c2 = _coordinate(entries, segments, seg, index, 2, NARROW)
+    # an entry with a lookup: its element reads its transfer's row
+    lookup_at = _entry(entries, LOOKUP_AT, segments, seg)
+    split = _entry(entries, LOOKUP_DIM, segments, seg)
+    by_lookup = held & (lookup_at >= 0)
+    coord = tl.where(split == 0, c0, tl.where(split == 1, c1, c2))
+    found = tl.load(lookup + lookup_at + coord, mask=by_lookup, other=-1).to(tl.int64)
+    hit = by_lookup & (found >= 0)
+    row = tl.maximum(found, 0)
+    target = tl.where(hit, tl.load(table + TENSOR * transfers + row, mask=hit, other=0), -1)
+    flat = tl.where(hit, _affine_at(table, transfers, row, c0, c1, c2, hit), 0)
+    hits = hit.to(tl.int64)
+    # the others: every box of the entry
+    first = _entry(entries, FIRST, segments, seg)
+    count = tl.where(held & (lookup_at < 0), _entry(entries, COUNT, segments, seg), 0)
+    for t in range(tl.max(count, 0)):
+        box = first + t
+        inside = t < count
+        inside = _inside(table, transfers, box, 0, c0, inside)
+        inside = _inside(table, transfers, box, 1, c1, inside)
+        inside = _inside(table, transfers, box, 2, c2, inside)
+        hits += inside.to(tl.int64)
+        target = tl.where(inside, tl.load(table + TENSOR * transfers + box, mask=inside,
+                                          other=0), target)
+        flat = tl.where(inside, _affine_at(table, transfers, box, c0, c1, c2, inside), flat)
+    tl.store(tensor_out + k, target.to(tl.int32), mask=valid)
+    tl.store(flat_out + k, flat, mask=valid)
+    tl.atomic_add(flags + OUT_OF_RANGE, tl.sum((valid & ~held).to(tl.int64), 0))
+    tl.atomic_add(flags + TWICE, tl.sum((hits > 1).to(tl.int64), 0))
+
+
+@triton.jit(do_not_specialize=["segments", "total"])
+def _move(entries, segments, total, addresses, tensor_of, flat_of, tensors, LOG: tl.constexpr,
+          BLOCK: tl.constexpr, TO_VALUES: tl.constexpr):
+    _, k, valid = block_positions(total, BLOCK)
+    seg = segment_of(entries, segments, k, LOG)
+    rank = k - _entry(entries, START, segments, seg)
+    size = _entry(entries, ITEMSIZE, segments, seg)
+    values = tl.load(addresses + seg, mask=valid, other=0)
+    tensor = tl.load(tensor_of + k, mask=valid, other=-1)
+    routed = valid & (tensor >= 0)
+    index = tl.load(flat_of + k, mask=routed, other=0)
+    address = tl.load(tensors + tl.maximum(tensor, 0), mask=routed, other=0)
+    if TO_VALUES:
+        store_int(values, rank, load_int(address, index, size, routed), size, valid)
+    else:
+        store_int(address, index, load_int(values, rank, size, routed), size, routed)
+
+
+def route(entries, segments: int, total: int, table, lookup, tensor_out, flat_out, flags, *,
+          log: int, narrow: bool) -> None:
+    """Launch ``_route`` over ``total`` elements of ``segments`` entries."""
+    _route[(triton.cdiv(total, BLOCK),)](entries, segments, total, table, table.shape[1],
+                                         lookup, tensor_out, flat_out, flags, LOG=log,
+                                         NARROW=narrow, BLOCK=BLOCK)
+
+
+def move(entries, segments: int, total: int, addresses, tensor_of, flat_of, tensors, *,
+         log: int, to_values: bool) -> None:
+    """Launch ``_move`` over ``total`` elements of ``segments`` entries."""
+    _move[(triton.cdiv(total, BLOCK),)](entries, segments, total, addresses, tensor_of,
+                                        flat_of, tensors, LOG=log, BLOCK=BLOCK,
+                                        TO_VALUES=to_values)
