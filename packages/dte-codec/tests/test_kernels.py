@@ -26,6 +26,7 @@ from dte_codec.decode import decode_batched, decode_per_entry
 from dte_codec.dispatch import interpreted
 from dte_codec.encode import encode_delta_batched, encode_delta_per_tensor
 from dte_codec.errors import ApplyError
+from dte_codec.fields import WORD_BITS, Body
 
 CUDA = torch.cuda.is_available()
 DEVICE = "cuda" if CUDA else "cpu"
@@ -286,3 +287,68 @@ def test_kernel_decoder_reads_encodings_the_encoder_never_picks():
     assert flat.valid()
     assert [many.tolist(), dense.tolist()] == [i.tolist() for i in flat.indices]
     assert [many.tolist(), dense.tolist()] == [i.tolist() for i in decode_per_entry(frame).indices]
+
+
+if importlib.util.find_spec("triton") is not None:
+    import triton
+    import triton.language as tl
+
+    from dte_codec.kernel_bits import put_fields
+
+    @triton.jit
+    def _put(words, pos, value, width, n, BLOCK: tl.constexpr):
+        k = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        valid = k < n
+        has_next = (tl.arange(0, BLOCK) < BLOCK - 1) & (k + 1 < n)
+        put_fields(words, tl.load(pos + k, mask=valid, other=0),
+                   tl.load(value + k, mask=valid, other=0),
+                   tl.load(width + k, mask=valid, other=0), valid,
+                   tl.load(pos + k + 1, mask=has_next, other=0), has_next)
+
+PUT_BLOCK = 16
+WIDTHS = (0, 1, 5, 8, 16, 33, 63, 64)
+
+
+def _stream(width: int, written: list[bool], values: list[int], start: int):
+    """Positions, values and widths of one stream starting at bit ``start``: an element
+    that writes nothing has width 0 at the position of the stream's next field."""
+    widths = torch.tensor([width if w else 0 for w in written], dtype=torch.int64)
+    pos = start + torch.cumsum(widths, 0) - widths
+    return pos, torch.tensor(values, dtype=torch.int64), widths
+
+
+def _end(pos: torch.Tensor, widths: torch.Tensor, start: int) -> int:
+    """The word-aligned bit where the next section starts."""
+    end = int((pos + widths).max()) if pos.numel() else start
+    return -(-end // WORD_BITS) * WORD_BITS
+
+
+streams = st.integers(0, 70).flatmap(lambda n: st.tuples(
+    st.sampled_from(WIDTHS), st.lists(st.booleans(), min_size=n, max_size=n),
+    st.lists(st.integers(-2**63, 2**63 - 1), min_size=n, max_size=n)))
+
+
+@settings(max_examples=60 if CUDA else 12, deadline=None)
+@given(st.lists(streams, min_size=1, max_size=3), st.integers(0, 3))
+@example([(63, [True] * 40, [-1] * 40), (1, [True] * 70, [1] * 70)], 1)
+@example([(64, [True, False] * 20, [-1, 5] * 20), (0, [True] * 3, [7] * 3)], 0)
+@example([(5, [False] * 17 + [True] * 30, [-1] * 47), (33, [True, False, False] * 20,
+                                                          list(range(60)))], 2)
+@example([(16, [], []), (8, [False] * 16, [255] * 16)], 0)
+def test_put_fields_writes_the_words_of_the_torch_writer(sections, lead):
+    """Every word equals the torch writer's (which adds field by field), whatever the
+    widths, escapes and block edges; fields of a section never reach the next one."""
+    start, parts = lead * WORD_BITS, []
+    for width, written, values in sections:
+        parts.append(_stream(width, written, values, start))
+        start = _end(parts[-1][0], parts[-1][2], start)
+    size = start // 8 + 8
+    expected = Body(size, sum(p[0].numel() for p in parts), torch.device("cpu"))
+    expected.write(*(torch.cat(column) for column in zip(*parts)))
+    words = torch.zeros(size // 8, dtype=torch.int64, device=DEVICE)
+    for pos, value, width in parts:
+        if pos.numel():
+            _put[(triton.cdiv(pos.numel(), PUT_BLOCK),)](
+                words, pos.to(DEVICE), value.to(DEVICE), width.to(DEVICE), pos.numel(),
+                BLOCK=PUT_BLOCK)
+    assert expected.bytes().view(torch.int64).tolist() == words.cpu().tolist()
