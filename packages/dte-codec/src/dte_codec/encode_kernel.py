@@ -36,7 +36,7 @@ from .header import RESIDUE_DTYPES, IndexEncoding, ValueEncoding
 from .kernel_bits import bit_length, column, load_int, order_key, put_fields, width_mask
 
 if TYPE_CHECKING:
-    from .flat_encode import Layout
+    from .encode_plan import Layout
 
 BLOCK = 1024
 HIST_BINS = 64
@@ -262,7 +262,8 @@ class FusedFlat:
         # kept alive until the kernels that read them through their addresses are queued
         self._keep = [(_in_place(t, device), _indices(c, device), _in_place(c.base_low, device),
                        _in_place(c.base_high, device)) for t, c in zip(tensors, changes)]
-        blocks = [triton.cdiv(count, BLOCK) for count in counts]
+        # host arithmetic: triton.cdiv may be a JIT constexpr function, ~60 us a call
+        blocks = [-(-count // BLOCK) for count in counts]
         firsts, at = [], 0
         for n in blocks:
             firsts.append(at)
