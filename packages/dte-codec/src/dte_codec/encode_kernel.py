@@ -39,6 +39,9 @@ if TYPE_CHECKING:
     from .encode_plan import Layout
 
 BLOCK = 1024
+WARPS = 16
+"""Warps per program (2 elements per thread): with Triton's default 4, ``_write`` needs 255
+registers and spills (ptxas, sm_90a), so an SM holds 8 warps; with 16, 120 and none."""
 HIST_BINS = 64
 """Histogram bins per tensor; a residue needs at most 33 bits."""
 _NEED_MASK = tl.constexpr(63)
@@ -289,7 +292,7 @@ class FusedFlat:
         if self.blocks:
             with on_device(self.device):
                 _stats[(self.blocks,)](self.items, self.block_seg, self.segments, self.codes,
-                                       out, BLOCK=BLOCK, BINS=HIST_BINS)
+                                       out, BLOCK=BLOCK, BINS=HIST_BINS, num_warps=WARPS)
         return torch.cat([out[:, 0], out[:, 1], out[:, 2:2 + bins].reshape(-1)]).cpu()
 
     def write(self, layout: Layout) -> torch.Tensor:
@@ -301,9 +304,11 @@ class FusedFlat:
             counts = torch.empty(2, self.blocks, dtype=_INT64, device=self.device)
             args = (self.items, layout.table, self.block_seg, self.segments, self.codes)
             with on_device(self.device):
-                _escape_counts[(self.blocks,)](*args, counts, self.blocks, BLOCK=BLOCK)
+                _escape_counts[(self.blocks,)](*args, counts, self.blocks, BLOCK=BLOCK,
+                                               num_warps=WARPS)
                 before = torch.cumsum(counts, 1) - counts
-                _write[(self.blocks,)](*args, counts, before, self.blocks, body, BLOCK=BLOCK)
+                _write[(self.blocks,)](*args, counts, before, self.blocks, body, BLOCK=BLOCK,
+                                       num_warps=WARPS)
         return body[:words].view(torch.uint8)
 
 
