@@ -15,7 +15,7 @@ nothing). Change sets and tensors are read in place through their addresses.
 2. ``_escape_counts``: per block, how many GAP8 gaps and how many residues it escapes,
    from the code bytes, once the host has chosen the encodings; a prefix sum over the
    blocks then gives every escape its rank without a pass over the elements.
-3. ``_write``: every field of every winning encoding, written into the zeroed body words
+3. ``_write``: every field of every winning encoding, added into the zeroed body words
    (``kernel_bits.put_fields``). Streams a tensor's encodings leave empty, and escape
    streams of blocks without escapes, are skipped; an element's neighbour positions
    follow from its own (and the next index), never from recomputing the neighbour.

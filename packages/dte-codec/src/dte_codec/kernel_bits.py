@@ -9,10 +9,10 @@ where each block lies inside one segment (the encoder's layout), the program rea
 segment once from a block -> segment table. Tensors of different entries are reached through
 their addresses in the table (``load_int``), so one launch covers every tensor.
 
-``put_fields`` writes bit fields into int64 body words: a segmented scan over a block's
-fields gives each word its value, stored once by one lane; only the words a block shares
-with its neighbours (its first and last, and a spill past its end) take an atomic add.
-Elements that write nothing give width 0 at the position of their stream's next field.
+``put_fields`` adds bit fields into int64 body words with two atomic adds per run of
+elements that share a word (a field that straddles two words adds its high part to the
+next one). Elements that write nothing give width 0 at a position inside the body, next
+to their stream's fields, so runs stay long.
 """
 
 from __future__ import annotations
@@ -123,52 +123,32 @@ def store_int(address, at, value, size, mask):
 
 
 @triton.jit
-def _word_scan(word_a, low_a, spill_a, word_b, low_b, spill_b):
-    """Combine two runs of fields whose words never decrease: the later one's last word,
-    every bit the pair puts into it (its fields' low parts, the high parts of fields
-    that start one word before) and the high parts it spills into the word after."""
-    same = word_a == word_b
-    before = word_a + 1 == word_b
-    return (word_b, low_b | tl.where(same, low_a, tl.where(before, spill_a, 0)),
-            spill_b | tl.where(same, spill_a, 0))
-
-
-@triton.jit
 def put_fields(words, pos, value, width, valid, next_pos, has_next):
-    """Write the low ``width`` bits (0..64) of each valid element's ``value`` into the
-    zeroed body ``words`` at bit ``pos``; ``next_pos``: the next element's position in
-    the same field stream (if ``has_next``, i.e. it is valid and in this block).
-    Positions never decrease along a block's valid elements, fields never overlap, a
-    64-bit field starts on a word boundary, and a stream's section starts on one
-    (``header.ALIGNMENT``), so a word holds fields of one stream only.
+    """Add the low ``width`` bits (0..64) of each valid element's ``value`` into the body
+    ``words`` at bit ``pos``; ``next_pos``: the next element's position in the same field
+    stream (if ``has_next``, i.e. it is valid and in this block). A 64-bit field must
+    start on a word boundary.
 
-    An inclusive segmented scan (``_word_scan``) gives the last element of each run of
-    elements that share a word the whole word as far as this block writes it, including
-    the high parts of fields that straddle into it from the word before. That element
-    stores it with one plain store when the word is inside the block's range (no other
-    block writes it); the block's first and last words, which a neighbouring block may
-    share, and a spill past the block's last field take an atomic add instead (fields
-    are disjoint, so adding is OR-ing). Words this block leaves empty are not written.
+    Fields never overlap, so adding is OR-ing. The elements of a block that share a word
+    and follow each other form a run; its sum is the difference of the block's prefix
+    sums at its last element and at the last element before it. So each run's last
+    element adds the prefix sum at itself to its word and subtracts it from the next
+    run's word: two atomic adds per run, whatever the number of fields in it, and every
+    word ends up as the sum (wrapping int64, exact) of its fields. Nothing else may write
+    the words with another operation while fields are added. The adds commute and nothing
+    reads the words before the kernel ends, so they are relaxed (Triton's default,
+    acquire-release, orders every add against all other memory traffic).
     """
+    word = pos >> 6
     shift = pos & 63
     field = value & width_mask(width)
-    live = valid & (width > 0)
-    # past the valid elements, a word no valid element has: they join no run
-    word = tl.where(valid, pos >> 6, 0x3FFFFFFFFFFFFFFF)
-    low = tl.where(live, field << shift, 0)
-    straddles = live & (shift + width > 64)
-    spill = tl.where(straddles, shift_right(field, tl.where(straddles, 64 - shift, 0)), 0)
-    _, bits, spills = tl.associative_scan((word, low, spill), 0, _word_scan)
-    next_word = tl.where(has_next, next_pos >> 6, -1)
-    ends = valid & (next_word != word)
-    first = tl.min(word, 0)
-    last = tl.max(tl.where(valid, word, -1), 0)
-    shared = (word == first) | (word == last)
-    tl.store(words + word, bits, mask=ends & ~shared & (bits != 0))
-    tl.atomic_add(words + word, bits, mask=ends & shared & (bits != 0), sem="relaxed")
-    # a spill into a word the next element starts in is in that element's run already
-    tl.atomic_add(words + word + 1, spills, mask=ends & (next_word != word + 1) & (spills != 0),
-                  sem="relaxed")
+    total = tl.cumsum(tl.where(valid, field << shift, 0), 0)
+    ends = valid & ~(has_next & ((next_pos >> 6) == word))
+    tl.atomic_add(words + word, total, mask=ends, sem="relaxed")
+    tl.atomic_add(words + (next_pos >> 6), -total, mask=ends & has_next, sem="relaxed")
+    straddles = valid & (shift + width > 64)
+    high = shift_right(field, tl.where(straddles, 64 - shift, 0))
+    tl.atomic_add(words + word + 1, high, mask=straddles & (high != 0), sem="relaxed")
 
 
 @triton.jit
