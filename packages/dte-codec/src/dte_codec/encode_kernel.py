@@ -16,9 +16,12 @@ nothing). Change sets and tensors are read in place through their addresses.
    from the code bytes, once the host has chosen the encodings; a prefix sum over the
    blocks then gives every escape its rank without a pass over the elements.
 3. ``_write``: every field of every winning encoding, added into the zeroed body words
-   (``kernel_bits.put_fields``). Streams a tensor's encodings leave empty, and escape
-   streams of blocks without escapes, are skipped; an element's neighbour positions
-   follow from its own (and the next index), never from recomputing the neighbour.
+   (``kernel_bits.put_fields``), or, for streams of consecutive fields whose width
+   divides 64 (raw values, raw indices, gap bytes, Elias-Fano low bits of 1, 2, 4, ...
+   bits), stored a word at a time (``kernel_bits.put_packed``). Streams a tensor's
+   encodings leave empty, and escape streams of blocks without escapes, are skipped; an
+   element's neighbour positions follow from its own (and the next index), never from
+   recomputing the neighbour.
 """
 
 from __future__ import annotations
@@ -33,7 +36,8 @@ import triton.language as tl
 from .dispatch import on_device
 from .fields import host_table
 from .header import RESIDUE_DTYPES, IndexEncoding, ValueEncoding
-from .kernel_bits import bit_length, column, load_int, order_key, put_fields, width_mask
+from .kernel_bits import (bit_length, column, load_int, order_key, packs, put_fields,
+                          put_packed, width_mask)
 
 if TYPE_CHECKING:
     from .encode_plan import Layout
@@ -182,7 +186,7 @@ def _before(before, block, first, flags):
 
 @triton.jit
 def _write_indices(items, layout, segments, seg, words, rank, valid, has_next, idx, code, gaps,
-                   any_escaped):
+                   any_escaped, BLOCK: tl.constexpr):
     """The index sections: raw index, gap byte, low bits or bitmap bit; then escaped gaps
     (``gaps``: per element, the GAP8 escapes before it) or the Elias-Fano upper bits."""
     enc = column(layout, _ENC, segments, seg)
@@ -196,7 +200,12 @@ def _write_indices(items, layout, segments, seg, words, rank, valid, has_next, i
     pos = first + tl.where(is_bitmap, idx, rank * stride)
     after = first + tl.where(is_bitmap, nxt, (rank + 1) * stride)
     value = tl.where(enc == _E_GAP8, tl.where(wide, 0, gap), tl.where(is_bitmap, 1, idx))
-    put_fields(words, pos, value, column(layout, _WIDTH, segments, seg), valid, after, has_next)
+    width = column(layout, _WIDTH, segments, seg)
+    # a block starts at a multiple of BLOCK fields and its section on a word
+    if (enc != _E_BITMAP) & packs(width):
+        put_packed(words, pos, value, width, valid, BLOCK)
+    else:
+        put_fields(words, pos, value, width, valid, after, has_next)
     second = column(layout, _SECOND, segments, seg)
     if enc == _E_ELIAS_FANO:
         low_width = column(layout, _LOW_WIDTH, segments, seg)
@@ -211,7 +220,7 @@ def _write_indices(items, layout, segments, seg, words, rank, valid, has_next, i
 
 @triton.jit
 def _write_values(items, layout, segments, seg, words, rank, valid, has_next, idx, escaped,
-                  values, any_escaped):
+                  values, any_escaped, BLOCK: tl.constexpr):
     """Residue fields of the values not escaped, escape positions and raw values (every
     value of a RAW entry, the escaped ones of a RESIDUE entry)."""
     pattern = _pattern(items, segments, seg, idx, valid)
@@ -232,9 +241,8 @@ def _write_values(items, layout, segments, seg, words, rank, valid, has_next, id
                        positions + more * position_bits, has_next)
             put_fields(words, raw + values * bits, pattern, tl.where(escaped, bits, 0), valid,
                        raw + more * bits, has_next)
-    else:
-        put_fields(words, raw + rank * bits, pattern, bits, valid, raw + (rank + 1) * bits,
-                   has_next)
+    else:  # 8 to 64 bits per value: whole words per block
+        put_packed(words, raw + rank * bits, pattern, bits, valid, BLOCK)
 
 
 @triton.jit(do_not_specialize=["segments", "blocks"])
@@ -251,9 +259,9 @@ def _write(items, layout, block_seg, segments, codes, counts, before, blocks, wo
         values = _before(before + blocks, block, first, value)
         idx = _index(items, segments, seg, rank, valid)
         _write_indices(items, layout, segments, seg, words, rank, valid, has_next, idx, code,
-                       gaps, tl.load(counts + block) > 0)
+                       gaps, tl.load(counts + block) > 0, BLOCK)
         _write_values(items, layout, segments, seg, words, rank, valid, has_next, idx, value,
-                      values, tl.load(counts + blocks + block) > 0)
+                      values, tl.load(counts + blocks + block) > 0, BLOCK)
 
 
 class FusedFlat:
