@@ -87,7 +87,7 @@ def test_bad_change_set_raises_the_reference_error(indices):
 @pytest.mark.parametrize("tensors", [1, 40])
 def test_two_host_reads_per_payload(tensors):
     """Encoding reads the device twice, for 1 or 40 tensors: the statistics (``cpu``, then
-    ``tolist`` on the host) and the body digest (``int``); the body stays where it is."""
+    ``numpy`` on the host) and the body digest (``int``); the body stays where it is."""
     gen = torch.Generator().manual_seed(tensors)
     weights = {f"w{i}": torch.randn(5000, generator=gen).to(torch.bfloat16)
                for i in range(tensors)}
@@ -95,7 +95,7 @@ def test_two_host_reads_per_payload(tensors):
                for name, w in weights.items()}
     with HostReads() as reads:
         encode_delta_batched(weights, changes, stream_id="s", base_version=0, version=1)
-    assert ["cpu", "tolist", "__int__"] == reads.calls
+    assert ["cpu", "numpy", "__int__"] == reads.calls
 
 
 @pytest.mark.parametrize("tensors", [1, 40])

@@ -16,9 +16,12 @@ nothing). Change sets and tensors are read in place through their addresses.
    from the code bytes, once the host has chosen the encodings; a prefix sum over the
    blocks then gives every escape its rank without a pass over the elements.
 3. ``_write``: every field of every winning encoding, added into the zeroed body words
-   (``kernel_bits.put_fields``). Streams a tensor's encodings leave empty, and escape
-   streams of blocks without escapes, are skipped; an element's neighbour positions
-   follow from its own (and the next index), never from recomputing the neighbour.
+   (``kernel_bits.put_fields``), or, for streams of consecutive fields whose width
+   divides 64 (raw values, raw indices, gap bytes, Elias-Fano low bits of 1, 2, 4, ...
+   bits), stored a word at a time (``kernel_bits.put_packed``). Streams a tensor's
+   encodings leave empty, and escape streams of blocks without escapes, are skipped; an
+   element's neighbour positions follow from its own (and the next index), never from
+   recomputing the neighbour.
 """
 
 from __future__ import annotations
@@ -33,12 +36,16 @@ import triton.language as tl
 from .dispatch import on_device
 from .fields import host_table
 from .header import RESIDUE_DTYPES, IndexEncoding, ValueEncoding
-from .kernel_bits import bit_length, column, load_int, order_key, put_fields, width_mask
+from .kernel_bits import (bit_length, column, load_int, order_key, packs, put_fields,
+                          put_packed, width_mask)
 
 if TYPE_CHECKING:
-    from .flat_encode import Layout
+    from .encode_plan import Layout
 
 BLOCK = 1024
+WARPS = 16
+"""Warps per program (2 elements per thread): with Triton's default 4, ``_write`` needs 255
+registers and spills (ptxas, sm_90a), so an SM holds 8 warps; with 16, 120 and none."""
 HIST_BINS = 64
 """Histogram bins per tensor; a residue needs at most 33 bits."""
 _NEED_MASK = tl.constexpr(63)
@@ -179,7 +186,7 @@ def _before(before, block, first, flags):
 
 @triton.jit
 def _write_indices(items, layout, segments, seg, words, rank, valid, has_next, idx, code, gaps,
-                   any_escaped):
+                   any_escaped, BLOCK: tl.constexpr):
     """The index sections: raw index, gap byte, low bits or bitmap bit; then escaped gaps
     (``gaps``: per element, the GAP8 escapes before it) or the Elias-Fano upper bits."""
     enc = column(layout, _ENC, segments, seg)
@@ -193,7 +200,12 @@ def _write_indices(items, layout, segments, seg, words, rank, valid, has_next, i
     pos = first + tl.where(is_bitmap, idx, rank * stride)
     after = first + tl.where(is_bitmap, nxt, (rank + 1) * stride)
     value = tl.where(enc == _E_GAP8, tl.where(wide, 0, gap), tl.where(is_bitmap, 1, idx))
-    put_fields(words, pos, value, column(layout, _WIDTH, segments, seg), valid, after, has_next)
+    width = column(layout, _WIDTH, segments, seg)
+    # a block starts at a multiple of BLOCK fields and its section on a word
+    if (enc != _E_BITMAP) & packs(width):
+        put_packed(words, pos, value, width, valid, BLOCK)
+    else:
+        put_fields(words, pos, value, width, valid, after, has_next)
     second = column(layout, _SECOND, segments, seg)
     if enc == _E_ELIAS_FANO:
         low_width = column(layout, _LOW_WIDTH, segments, seg)
@@ -208,7 +220,7 @@ def _write_indices(items, layout, segments, seg, words, rank, valid, has_next, i
 
 @triton.jit
 def _write_values(items, layout, segments, seg, words, rank, valid, has_next, idx, escaped,
-                  values, any_escaped):
+                  values, any_escaped, BLOCK: tl.constexpr):
     """Residue fields of the values not escaped, escape positions and raw values (every
     value of a RAW entry, the escaped ones of a RESIDUE entry)."""
     pattern = _pattern(items, segments, seg, idx, valid)
@@ -229,9 +241,8 @@ def _write_values(items, layout, segments, seg, words, rank, valid, has_next, id
                        positions + more * position_bits, has_next)
             put_fields(words, raw + values * bits, pattern, tl.where(escaped, bits, 0), valid,
                        raw + more * bits, has_next)
-    else:
-        put_fields(words, raw + rank * bits, pattern, bits, valid, raw + (rank + 1) * bits,
-                   has_next)
+    else:  # 8 to 64 bits per value: whole words per block
+        put_packed(words, raw + rank * bits, pattern, bits, valid, BLOCK)
 
 
 @triton.jit(do_not_specialize=["segments", "blocks"])
@@ -248,9 +259,9 @@ def _write(items, layout, block_seg, segments, codes, counts, before, blocks, wo
         values = _before(before + blocks, block, first, value)
         idx = _index(items, segments, seg, rank, valid)
         _write_indices(items, layout, segments, seg, words, rank, valid, has_next, idx, code,
-                       gaps, tl.load(counts + block) > 0)
+                       gaps, tl.load(counts + block) > 0, BLOCK)
         _write_values(items, layout, segments, seg, words, rank, valid, has_next, idx, value,
-                      values, tl.load(counts + blocks + block) > 0)
+                      values, tl.load(counts + blocks + block) > 0, BLOCK)
 
 
 class FusedFlat:
@@ -262,7 +273,8 @@ class FusedFlat:
         # kept alive until the kernels that read them through their addresses are queued
         self._keep = [(_in_place(t, device), _indices(c, device), _in_place(c.base_low, device),
                        _in_place(c.base_high, device)) for t, c in zip(tensors, changes)]
-        blocks = [triton.cdiv(count, BLOCK) for count in counts]
+        # host arithmetic: triton.cdiv may be a JIT constexpr function, ~60 us a call
+        blocks = [-(-count // BLOCK) for count in counts]
         firsts, at = [], 0
         for n in blocks:
             firsts.append(at)
@@ -288,7 +300,7 @@ class FusedFlat:
         if self.blocks:
             with on_device(self.device):
                 _stats[(self.blocks,)](self.items, self.block_seg, self.segments, self.codes,
-                                       out, BLOCK=BLOCK, BINS=HIST_BINS)
+                                       out, BLOCK=BLOCK, BINS=HIST_BINS, num_warps=WARPS)
         return torch.cat([out[:, 0], out[:, 1], out[:, 2:2 + bins].reshape(-1)]).cpu()
 
     def write(self, layout: Layout) -> torch.Tensor:
@@ -300,9 +312,11 @@ class FusedFlat:
             counts = torch.empty(2, self.blocks, dtype=_INT64, device=self.device)
             args = (self.items, layout.table, self.block_seg, self.segments, self.codes)
             with on_device(self.device):
-                _escape_counts[(self.blocks,)](*args, counts, self.blocks, BLOCK=BLOCK)
+                _escape_counts[(self.blocks,)](*args, counts, self.blocks, BLOCK=BLOCK,
+                                               num_warps=WARPS)
                 before = torch.cumsum(counts, 1) - counts
-                _write[(self.blocks,)](*args, counts, before, self.blocks, body, BLOCK=BLOCK)
+                _write[(self.blocks,)](*args, counts, before, self.blocks, body, BLOCK=BLOCK,
+                                       num_warps=WARPS)
         return body[:words].view(torch.uint8)
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 import sys
 
 import attrs
+import numpy as np
 import torch
 
 from .bits import width_mask
@@ -181,8 +182,9 @@ def batched(device: torch.device) -> bool:
     return device.type != "cpu"
 
 
-def host_table(columns: list[list[int]], device: torch.device) -> torch.Tensor:
-    """Per-segment int64 columns as one ``(len(columns), segments)`` tensor on ``device``.
+def host_table(columns: list[list[int]] | np.ndarray, device: torch.device) -> torch.Tensor:
+    """Per-segment int64 columns (lists, or rows of an array) as one
+    ``(len(columns), segments)`` tensor on ``device``.
 
     One host-to-device copy; from pinned memory on CUDA, so it does not wait for the GPU.
     """

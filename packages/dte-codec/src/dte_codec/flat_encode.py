@@ -10,8 +10,9 @@ payload whatever the number of tensors:
    per tensor, the number of gaps over one byte, a validity count and a histogram of
    residue widths. One copy to the host (sync 1).
 2. On the host, every encoding follows in closed form from those numbers and the tensor's
-   count and numel (``choose_indices``, ``choose_values``, the dense fallback); the
-   header and the body layout follow.
+   count and numel, with a few numpy ops over all tensors (``encode_plan``: encodings,
+   dense fallback, entries and body layout; what depends only on the tensor set is kept
+   across syncs).
 3. One pass writes every field of every winning encoding into one zeroed body buffer on
    the device; dense entries are copied in; the body stays there and its digest comes
    to the host (sync 2).
@@ -31,16 +32,16 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import attrs
+import numpy as np
 import torch
 
 from .bits import BYTE_BITS, bit_length, order_keys_by_width, width_mask
-from .fields import Body, Segments, host_table
-from .header import (DTYPE_CODES, MAX_NAME_BYTES, RESIDUE_DTYPES, Entry, IndexEncoding, Kind,
-                     ValueEncoding, align, index_itemsize)
-from .indices import MAX_GAP_BYTE, choose_indices
 from .dispatch import fused
+from .encode_plan import Layout, plan, tensor_table
+from .fields import Body, Segments, host_table
+from .header import DTYPE_CODES, MAX_NAME_BYTES, RESIDUE_DTYPES, IndexEncoding, Kind, ValueEncoding
+from .indices import MAX_GAP_BYTE
 from .parts import checked_header, seal
-from .values import choose_values
 
 if TYPE_CHECKING:
     from .encode import ChangeSet
@@ -48,9 +49,6 @@ if TYPE_CHECKING:
     from .frame import Frame
 
 _INT64 = torch.int64
-_VALUE_SECTIONS = {ValueEncoding.RAW: 1, ValueEncoding.RESIDUE: 3}
-"""Sections per value encoding (``Entry.value_sections``): raw values; residue fields,
-escape positions and escaped raw values."""
 
 
 @attrs.frozen
@@ -77,24 +75,24 @@ def encode_delta_flat(items: Sequence[tuple[str, torch.Tensor, ChangeSet]], *, s
     if any(item.tensor.device != device for item in todo):
         return None
     flat = _flat(todo, device)
-    bins = max((item.tensor.element_size() * BYTE_BITS for item in todo
-                if item.tensor.dtype in RESIDUE_DTYPES), default=0)
-    stats = flat.stats(bins).tolist()  # host sync 1 of 2
+    table = tensor_table(tuple((item.name, item.tensor.dtype, tuple(item.tensor.shape))
+                               for item in todo))
+    bits = table.itemsize[table.residue] * BYTE_BITS
+    bins = int(bits.max()) if len(bits) else 0
+    stats = flat.stats(bins).numpy()  # host sync 1 of 2
     segments = len(todo)
-    gap_escapes, invalid, hist = (stats[:segments], stats[segments:2 * segments],
-                                  stats[2 * segments:])
-    if any(invalid):
+    if stats[segments:2 * segments].any():  # invalid indices
         return None
-    entries = [_entry(item, hist[bins * s:bins * (s + 1)], gap_escapes=gap_escapes[s])
-               for s, item in enumerate(todo)]
-    header = checked_header(entries, stream_id=stream_id, kind=Kind.DELTA,
+    chosen = plan(table, np.array([item.count for item in todo], np.int64),
+                  gap_escapes=stats[:segments], hist=stats[2 * segments:].reshape(segments, bins),
+                  device=device)
+    header = checked_header(chosen.entries, stream_id=stream_id, kind=Kind.DELTA,
                             base_version=base_version, version=version)
-    layout = Layout.of(header.entries, device)
-    body = flat.write(layout)
-    for entry, item, offset in zip(header.entries, todo, layout.dense_offsets):
-        if entry.index_encoding == IndexEncoding.DENSE:
-            data = item.tensor.detach().contiguous().reshape(-1).view(torch.uint8)
-            body[offset:offset + data.numel()].copy_(data)
+    body = flat.write(chosen.layout)
+    for s in np.flatnonzero(chosen.layout.dense_offsets >= 0).tolist():
+        offset = int(chosen.layout.dense_offsets[s])
+        data = todo[s].tensor.detach().contiguous().reshape(-1).view(torch.uint8)
+        body[offset:offset + data.numel()].copy_(data)
     return seal(header, body)  # host sync 2 of 2: the body digest
 
 
@@ -205,79 +203,6 @@ class TorchFlat:
         escaped_bits = torch.where(escaped, self.bits, 0)
         body.write(torch.where(escaped, raw + before * self.bits, home), self.pattern,
                      escaped_bits)
-
-
-@attrs.frozen
-class Layout:
-    """Per entry, where and how wide each field goes, as one table on the device."""
-
-    names: tuple[str, ...]
-    table: torch.Tensor
-    dense_offsets: tuple[int, ...]
-    size: int
-    """The body's size in bytes (``Header.body_size``, summed here once)."""
-
-    COLUMNS = ("index_encoding", "first", "stride", "width", "second", "escape_bits",
-               "low_width", "value_encoding", "value_width", "fields", "positions",
-               "position_bits", "raw")
-
-    @classmethod
-    def of(cls, entries: Sequence[Entry], device: torch.device) -> Layout:
-        rows, dense, offset = [], [], 0
-        for entry in entries:
-            sizes = entry.section_sizes()  # once per entry: a few microseconds each
-            starts = []
-            for size in sizes:
-                starts.append(offset * BYTE_BITS)
-                offset += align(size)
-            rows.append(_row(entry, starts, len(sizes) - _VALUE_SECTIONS[entry.value_encoding]))
-            is_dense = entry.index_encoding == IndexEncoding.DENSE
-            dense.append(starts[0] // BYTE_BITS if is_dense else -1)
-        columns = [list(column) for column in zip(*rows)]
-        return cls(cls.COLUMNS, host_table(columns, device), tuple(dense), offset)
-
-    def column(self, segs: Segments):
-        def gather(name: str) -> torch.Tensor:
-            return segs.spread(self.table[self.COLUMNS.index(name)])
-        return gather
-
-
-def _row(entry: Entry, starts: list[int], index_sections: int) -> tuple[int, ...]:
-    """One entry's columns of ``Layout.COLUMNS``; ``starts``: its sections' bit offsets,
-    the first ``index_sections`` of them the index's."""
-    enc, item_bits = entry.index_encoding, entry.dtype.itemsize * BYTE_BITS
-    first = starts[0]
-    if enc == IndexEncoding.DENSE:
-        return (-1, first, item_bits, 0, first, 0, 0, -1, 0, first, first, 0, first)
-    raw_bits = index_itemsize(entry.numel) * BYTE_BITS
-    if enc == IndexEncoding.BITMAP:
-        width, stride = 1, 0
-    else:
-        width = {IndexEncoding.GAP8: BYTE_BITS,
-                 IndexEncoding.ELIAS_FANO: entry.index_width}.get(enc, raw_bits)
-        stride = width
-    second = starts[1] if index_sections > 1 else first
-    values = starts[index_sections:]
-    if entry.value_encoding == ValueEncoding.RAW:
-        fields = positions = raw = values[0]
-    else:
-        fields, positions, raw = values
-    return (int(enc), first, stride, width, second, raw_bits, entry.index_width,
-            int(entry.value_encoding), entry.value_width, fields, positions,
-            index_itemsize(entry.count) * BYTE_BITS, raw)
-
-
-def _entry(item: _Item, hist: list[int], *, gap_escapes: int) -> Entry:
-    """The entry the reference encoder would write, from closed-form sizes."""
-    tensor, n = item.tensor, item.count
-    index = choose_indices(n, tensor.numel(), gap_escapes=gap_escapes)
-    value = choose_values(n, tensor.dtype, tensor.element_size(), hist)
-    sparse = Entry(name=item.name, dtype=tensor.dtype, shape=tuple(tensor.shape), count=n,
-                   **index, **value)
-    if sum(sparse.section_sizes()) >= tensor.numel() * tensor.element_size():
-        return Entry(name=item.name, dtype=tensor.dtype, shape=tuple(tensor.shape),
-                     count=tensor.numel())
-    return sparse
 
 
 def _int_view(values: torch.Tensor) -> torch.Tensor:

@@ -10,7 +10,8 @@ from __future__ import annotations
 import attrs
 import torch
 
-from .bits import BYTE_BITS, pack_bits, pack_fields, unpack_bits, unpack_fields
+from .bits import pack_bits, pack_fields, unpack_bits, unpack_fields
+from .encode_plan import choose_indices
 from .errors import CodecError, EntryError
 from .header import INDEX32_LIMIT, Entry, IndexEncoding, index_itemsize
 
@@ -43,25 +44,6 @@ def encode_indices(indices: torch.Tensor, numel: int) -> Encoded:
     build = {IndexEncoding.INT32: _raw, IndexEncoding.INT64: _raw, IndexEncoding.GAP8: _gap8,
              IndexEncoding.ELIAS_FANO: _elias_fano, IndexEncoding.BITMAP: _bitmap}[encoding]
     return build(indices, numel)
-
-
-def choose_indices(count: int, numel: int, *, gap_escapes: int) -> dict[str, object]:
-    """Header fields of the smallest index encoding (``indices.encode_indices``'s choice,
-    ties to INT32/INT64, then GAP8, then ELIAS_FANO, then BITMAP), from sizes alone."""
-    raw = count * index_itemsize(numel)
-    low = max(0, (numel // count).bit_length() - 1)
-    upper_bits = count + ((numel - 1) >> low) + 1
-    candidates = [
-        (raw, {"index_encoding": IndexEncoding.INT32 if numel < INDEX32_LIMIT
-               else IndexEncoding.INT64}),
-        (count + gap_escapes * index_itemsize(numel),
-         {"index_encoding": IndexEncoding.GAP8, "index_escapes": gap_escapes}),
-        (-(-count * low // BYTE_BITS) + -(-upper_bits // BYTE_BITS),
-         {"index_encoding": IndexEncoding.ELIAS_FANO, "index_width": low}),
-    ]
-    if numel <= BYTE_BITS * raw:
-        candidates.append((-(-numel // BYTE_BITS), {"index_encoding": IndexEncoding.BITMAP}))
-    return min(candidates, key=lambda c: c[0])[1]
 
 
 def _raw(indices: torch.Tensor, numel: int) -> Encoded:

@@ -12,7 +12,8 @@ their addresses in the table (``load_int``), so one launch covers every tensor.
 ``put_fields`` adds bit fields into int64 body words with two atomic adds per run of
 elements that share a word (a field that straddles two words adds its high part to the
 next one). Elements that write nothing give width 0 at a position inside the body, next
-to their stream's fields, so runs stay long.
+to their stream's fields, so runs stay long. ``put_packed`` stores the words of a stream
+of consecutive fields whose width divides 64, each word once, with no atomics.
 """
 
 from __future__ import annotations
@@ -149,6 +150,31 @@ def put_fields(words, pos, value, width, valid, next_pos, has_next):
     straddles = valid & (shift + width > 64)
     high = shift_right(field, tl.where(straddles, 64 - shift, 0))
     tl.atomic_add(words + word + 1, high, mask=straddles & (high != 0), sem="relaxed")
+
+
+@triton.jit
+def packs(width):
+    """Whether fields of ``width`` bits fill whole words (``put_packed``): 1, 2, 4, ..., 64."""
+    return (width > 0) & ((64 % tl.maximum(width, 1)) == 0)
+
+
+@triton.jit
+def put_packed(words, pos, value, width, valid, BLOCK: tl.constexpr):
+    """Write the low ``width`` bits of each valid element's ``value`` at bit ``pos`` of the
+    zeroed ``words``, where the block's elements are consecutive fields (``pos`` grows by
+    ``width`` per element), ``packs(width)``, and the block's first field starts a word.
+
+    Then every word holds the fields of ``64 / width`` consecutive elements of this block
+    and of no other: their sum (their OR) is stored once, with no scan and no atomics.
+    Words past the valid elements are not written.
+    """
+    field = tl.where(valid, (value & width_mask(width)) << (pos & 63), 0)
+    for g in tl.static_range(7):
+        if width == (64 >> g):
+            packed = tl.sum(tl.reshape(field, [BLOCK >> g, 1 << g]), 1)
+            word = tl.max(tl.reshape(pos >> 6, [BLOCK >> g, 1 << g]), 1)
+            used = tl.max(tl.reshape(valid.to(tl.int32), [BLOCK >> g, 1 << g]), 1) > 0
+            tl.store(words + word, packed, mask=used)
 
 
 @triton.jit

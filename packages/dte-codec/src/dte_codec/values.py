@@ -16,6 +16,7 @@ import attrs
 import torch
 
 from .bits import BYTE_BITS, bit_length, from_order_keys, order_keys, pack_fields, unpack_fields
+from .encode_plan import choose_values
 from .errors import EntryError
 from .header import RESIDUE_DTYPES, Entry, ValueEncoding, index_itemsize
 from .indices import check_sorted_positions
@@ -54,25 +55,6 @@ def encode_values(new: torch.Tensor, low: torch.Tensor, high: torch.Tensor) -> E
     if not chosen:
         return raw
     return _residues(new, need, chosen["value_width"], bits)
-
-
-def choose_values(count: int, dtype: torch.dtype, itemsize: int,
-                  hist: list[int]) -> dict[str, object]:
-    """Header fields of the smallest value encoding (``values.encode_values``'s choice),
-    from the histogram of the residue width each value needs."""
-    if dtype not in RESIDUE_DTYPES:
-        return {}
-    cost_escape = index_itemsize(count) + itemsize
-    best_width, best_size, covered = 0, count * itemsize, 0
-    for width in range(1, itemsize * BYTE_BITS):
-        covered += hist[width]
-        size = -(-covered * width // BYTE_BITS) + (count - covered) * cost_escape
-        if size < best_size:
-            best_width, best_size = width, size
-    if best_width == 0:
-        return {}
-    return {"value_encoding": ValueEncoding.RESIDUE, "value_width": best_width,
-            "value_escapes": count - sum(hist[:best_width + 1])}
 
 
 def _needed_width(new: torch.Tensor, low: torch.Tensor, high: torch.Tensor,

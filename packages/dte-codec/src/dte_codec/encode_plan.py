@@ -1,0 +1,250 @@
+"""The flat encoder's host decisions for every tensor at once: encodings from the
+statistics, the header entries, and the body layout the kernels write.
+
+Each decision is the reference encoder's, computed with a few numpy ops over all tensors
+instead of Python per tensor: ``choose_indices`` and ``choose_values`` (the one-tensor
+case, which ``indices.encode_indices`` and ``values.encode_values`` call) pick the
+smallest encoding with the reference's tie order; ``Entry.section_sizes`` and the dense
+fallback follow in closed form; the layout is a prefix sum over the aligned sections.
+What depends only on the tensors (names, dtypes, shapes) is kept per tensor set
+(``tensor_table``), so a sync over the same tensors rebuilds none of it.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+
+import attrs
+import numpy as np
+import torch
+
+from .bits import BYTE_BITS
+from .fields import host_table
+from .header import (ALIGNMENT, INDEX32_LIMIT, RESIDUE_DTYPES, Entry, IndexEncoding,
+                     ValueEncoding)
+
+_NONE = np.iinfo(np.int64).max
+"""The size of a candidate that is not allowed."""
+_POWERS = np.left_shift(np.int64(1), np.arange(63, dtype=np.int64))
+_SECTIONS = 5
+"""Section slots per entry: two of the index, three of the values (unused ones empty)."""
+_INDEX_ENCODINGS = {e.value: e for e in IndexEncoding}
+_VALUE_ENCODINGS = {e.value: e for e in ValueEncoding}
+
+
+def _bit_length(x: np.ndarray) -> np.ndarray:
+    """Bits needed for each non-negative int64 (0 for 0), without floating point."""
+    return (x[..., None] >= _POWERS).sum(-1)
+
+
+def _ceil8(x: np.ndarray) -> np.ndarray:
+    return -(-x // BYTE_BITS)
+
+
+def _index_itemsize(limit: np.ndarray) -> np.ndarray:
+    """``header.index_itemsize`` per element."""
+    return np.where(limit < INDEX32_LIMIT, 4, 8)
+
+
+@attrs.frozen
+class IndexChoice:
+    encoding: np.ndarray
+    width: np.ndarray
+    escapes: np.ndarray
+
+
+@attrs.frozen
+class ValueChoice:
+    encoding: np.ndarray
+    width: np.ndarray
+    escapes: np.ndarray
+
+
+def choose_index_encodings(count: np.ndarray, numel: np.ndarray, *,
+                           gap_escapes: np.ndarray) -> IndexChoice:
+    """Per tensor, the smallest index encoding from sizes alone; ties go to INT32/INT64,
+    then GAP8, then ELIAS_FANO, then BITMAP (the first smallest candidate)."""
+    size = _index_itemsize(numel)
+    raw = count * size
+    low = np.maximum(_bit_length(numel // np.maximum(count, 1)) - 1, 0)
+    upper_bits = count + ((numel - 1) >> low) + 1
+    candidates = np.stack([raw, count + gap_escapes * size,
+                           _ceil8(count * low) + _ceil8(upper_bits),
+                           np.where(numel <= BYTE_BITS * raw, _ceil8(numel), _NONE)])
+    pick = candidates.argmin(0)
+    raw_encoding = np.where(numel < INDEX32_LIMIT, IndexEncoding.INT32, IndexEncoding.INT64)
+    encoding = np.choose(pick, [raw_encoding, IndexEncoding.GAP8, IndexEncoding.ELIAS_FANO,
+                                IndexEncoding.BITMAP])
+    return IndexChoice(encoding.astype(np.int64), np.where(pick == 2, low, 0),
+                       np.where(pick == 1, gap_escapes, 0))
+
+
+def choose_value_encodings(count: np.ndarray, itemsize: np.ndarray, residue: np.ndarray,
+                           hist: np.ndarray) -> ValueChoice:
+    """Per tensor (rows of ``hist``: how many values need each residue width), RESIDUE at
+    the width that makes the values smallest (the narrowest on a tie), or RAW when no
+    width beats raw values or the dtype has no residues."""
+    bins = hist.shape[1]
+    width = np.arange(1, max(bins, 1), dtype=np.int64)
+    covered = np.cumsum(hist[:, 1:], axis=1)
+    escape = (_index_itemsize(count) + itemsize)[:, None]
+    sizes = _ceil8(covered * width) + (count[:, None] - covered) * escape
+    sizes = np.where(width < itemsize[:, None] * BYTE_BITS, sizes, _NONE)
+    best = np.concatenate([(count * itemsize)[:, None], sizes], 1).argmin(1)
+    chosen = residue & (best > 0)
+    within = np.cumsum(hist, axis=1)[np.arange(len(best)), best] if bins else best * 0
+    return ValueChoice(np.where(chosen, ValueEncoding.RESIDUE, ValueEncoding.RAW).astype(np.int64),
+                       np.where(chosen, best, 0), np.where(chosen, count - within, 0))
+
+
+def choose_indices(count: int, numel: int, *, gap_escapes: int) -> dict[str, object]:
+    """Header fields of the smallest index encoding of one tensor
+    (``choose_index_encodings``)."""
+    c = choose_index_encodings(np.array([count]), np.array([numel]),
+                               gap_escapes=np.array([gap_escapes]))
+    return {"index_encoding": IndexEncoding(int(c.encoding[0])), "index_width": int(c.width[0]),
+            "index_escapes": int(c.escapes[0])}
+
+
+def choose_values(count: int, dtype: torch.dtype, itemsize: int,
+                  hist: Sequence[int]) -> dict[str, object]:
+    """Header fields of the smallest value encoding of one tensor, from the histogram of
+    the residue width each value needs (``choose_value_encodings``); empty for RAW."""
+    if dtype not in RESIDUE_DTYPES:
+        return {}
+    row = np.zeros((1, max(len(hist), itemsize * BYTE_BITS)), dtype=np.int64)
+    row[0, :len(hist)] = hist
+    c = choose_value_encodings(np.array([count]), np.array([itemsize]), np.array([True]), row)
+    if c.encoding[0] == ValueEncoding.RAW:
+        return {}
+    return {"value_encoding": ValueEncoding.RESIDUE, "value_width": int(c.width[0]),
+            "value_escapes": int(c.escapes[0])}
+
+
+@attrs.frozen(eq=False)
+class TensorTable:
+    """What the plan needs of a set of tensors that does not change between syncs."""
+
+    names: tuple[str, ...]
+    dtypes: tuple[torch.dtype, ...]
+    shapes: tuple[tuple[int, ...], ...]
+    numel: np.ndarray
+    itemsize: np.ndarray
+    residue: np.ndarray
+
+
+@functools.lru_cache(maxsize=8)
+def tensor_table(tensors: tuple[tuple[str, torch.dtype, tuple[int, ...]], ...]) -> TensorTable:
+    """The table of ``(name, dtype, shape)`` triples, built once per distinct set."""
+    names, dtypes, shapes = zip(*tensors) if tensors else ((), (), ())
+    itemsize = [torch.empty((), dtype=d).element_size() for d in dtypes]
+    return TensorTable(names, dtypes, shapes,
+                       np.array([int(np.prod(s, dtype=np.int64)) for s in shapes], np.int64),
+                       np.array(itemsize, np.int64),
+                       np.array([d in RESIDUE_DTYPES for d in dtypes], bool))
+
+
+@attrs.frozen
+class Layout:
+    """Per entry, where and how wide each field goes, as one table on the device."""
+
+    table: torch.Tensor
+    dense_offsets: np.ndarray
+    """Per entry, the byte offset of a dense entry's values; -1 for the others."""
+    size: int
+    """The body's size in bytes (``Header.body_size``)."""
+
+    COLUMNS = ("index_encoding", "first", "stride", "width", "second", "escape_bits",
+               "low_width", "value_encoding", "value_width", "fields", "positions",
+               "position_bits", "raw")
+
+    def column(self, segs):
+        """Per element of the flat space ``segs`` (``fields.Segments``), a column."""
+        def gather(name: str) -> torch.Tensor:
+            return segs.spread(self.table[self.COLUMNS.index(name)])
+        return gather
+
+
+@attrs.frozen
+class Plan:
+    """The entries the reference encoder would write, and where their fields go."""
+
+    entries: tuple[Entry, ...]
+    layout: Layout
+
+
+def plan(table: TensorTable, count: np.ndarray, *, gap_escapes: np.ndarray, hist: np.ndarray,
+         device: torch.device) -> Plan:
+    """The plan of one payload from the per-tensor statistics: change counts, gaps over a
+    byte and residue-width histograms (rows)."""
+    index = choose_index_encodings(count, table.numel, gap_escapes=gap_escapes)
+    value = choose_value_encodings(count, table.itemsize, table.residue, hist)
+    sizes = _section_sizes(count, table, index, value)
+    dense_bytes = table.numel * table.itemsize
+    dense = sizes.sum(1) >= dense_bytes
+    keep = ~dense
+    count = np.where(dense, table.numel, count)
+    index = IndexChoice(np.where(dense, IndexEncoding.DENSE, index.encoding),
+                        index.width * keep, index.escapes * keep)
+    value = ValueChoice(value.encoding * keep, value.width * keep, value.escapes * keep)
+    sizes = np.where(dense[:, None], 0, sizes)
+    sizes[:, 2] = np.where(dense, dense_bytes, sizes[:, 2])
+    aligned = -(-sizes // ALIGNMENT) * ALIGNMENT
+    ends = np.cumsum(aligned.reshape(-1)).reshape(aligned.shape)
+    starts = (ends - aligned) * BYTE_BITS
+    columns = _columns(count, table, index, value, starts, dense)
+    layout = Layout(host_table(columns, device), np.where(dense, starts[:, 0] // BYTE_BITS, -1),
+                    int(ends[-1, -1]) if len(ends) else 0)
+    return Plan(_entries(table, count, index, value), layout)
+
+
+def _section_sizes(count: np.ndarray, table: TensorTable, index: IndexChoice,
+                   value: ValueChoice) -> np.ndarray:
+    """``Entry.section_sizes`` of every sparse entry, in ``_SECTIONS`` slots (bytes)."""
+    enc, low = index.encoding, index.width
+    size = _index_itemsize(table.numel)
+    upper_bits = count + ((np.maximum(table.numel, 1) - 1) >> low) + 1
+    is_gap, is_ef = enc == IndexEncoding.GAP8, enc == IndexEncoding.ELIAS_FANO
+    first = np.select([enc == IndexEncoding.BITMAP, is_gap, is_ef],
+                      [_ceil8(table.numel), count, _ceil8(count * low)],
+                      count * np.where(enc == IndexEncoding.INT32, 4, 8))
+    second = np.select([is_gap, is_ef], [index.escapes * size, _ceil8(upper_bits)], 0)
+    residue = value.encoding == ValueEncoding.RESIDUE
+    escapes = value.escapes
+    return np.stack([first, second,
+                     np.where(residue, _ceil8((count - escapes) * value.width),
+                              count * table.itemsize),
+                     escapes * _index_itemsize(count), escapes * table.itemsize], 1)
+
+
+def _columns(count: np.ndarray, table: TensorTable, index: IndexChoice, value: ValueChoice,
+             starts: np.ndarray, dense: np.ndarray) -> np.ndarray:
+    """``Layout.COLUMNS`` of every entry; ``starts``: section starts in bits."""
+    enc, item_bits = index.encoding, table.itemsize * BYTE_BITS
+    sparse = ~dense
+    raw_bits = _index_itemsize(table.numel) * BYTE_BITS
+    is_bitmap = enc == IndexEncoding.BITMAP
+    width = np.select([is_bitmap, enc == IndexEncoding.GAP8, enc == IndexEncoding.ELIAS_FANO],
+                      [1, BYTE_BITS, index.width], raw_bits)
+    first = starts[:, 0]
+    two = (enc == IndexEncoding.GAP8) | (enc == IndexEncoding.ELIAS_FANO)
+    residue = value.encoding == ValueEncoding.RESIDUE
+    fields = starts[:, 2]
+    return np.stack([x.astype(np.int64) for x in np.broadcast_arrays(
+        np.where(dense, -1, enc), first, np.where(dense, item_bits, np.where(is_bitmap, 0, width)),
+        width * sparse, np.where(two, starts[:, 1], first), raw_bits * sparse, index.width,
+        np.where(dense, -1, value.encoding), value.width, fields,
+        np.where(residue, starts[:, 3], fields),
+        _index_itemsize(count) * BYTE_BITS * sparse, np.where(residue, starts[:, 4], fields))])
+
+
+def _entries(table: TensorTable, count: np.ndarray, index: IndexChoice,
+             value: ValueChoice) -> tuple[Entry, ...]:
+    rows = zip(table.names, table.dtypes, table.shapes, *(x.tolist() for x in (
+        count, index.encoding, index.width, index.escapes, value.encoding, value.width,
+        value.escapes)))
+    return tuple(Entry(name=name, dtype=dtype, shape=shape, count=n,
+                       index_encoding=_INDEX_ENCODINGS[ie], index_width=iw, index_escapes=ix,
+                       value_encoding=_VALUE_ENCODINGS[ve], value_width=vw, value_escapes=vx)
+                 for name, dtype, shape, n, ie, iw, ix, ve, vw, vx in rows)
