@@ -1,9 +1,10 @@
 """Cluster mode on AReaL 1.0.4's awex path, on gloo: the Delta adapters against each other.
 
 AReaL's real awex pieces run here: its two adapters (subclassed), its KV-store gateway,
-its ``fetch_kv_metadata`` and serialization, awex 0.7.0's ``TransferPlanBuilder``. What
-stands in, and why, is in ``awex_world``'s docstring (Megatron's optimizer: CUDA-only;
-SGLang's scheduler: no sglang in AReaL's environment).
+its ``fetch_kv_metadata`` and serialization, awex 0.7.0's ``TransferPlanBuilder``; the
+rollout ranks hold SGLang 0.5.10.post1's own Qwen3 / Qwen3-MoE models. What stands in,
+and why, is in ``awex_world``'s docstring (Megatron's optimizer and SGLang's scheduler:
+they need a GPU).
 
 Each case runs 16 versions of AdamW steps from a megatron-core GPTModel at TP2 to SGLang
 layouts, with a delta vetoed by a rollout rank that holds another base (version 4), a
