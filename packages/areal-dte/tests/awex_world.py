@@ -12,7 +12,8 @@ compute what a full sync gives.
 Rollout ranks: SGLang 0.5.10.post1's own ``Qwen3ForCausalLM`` / ``Qwen3MoeForCausalLM``
 (AReaL 1.0.4's SGLang; built on CPU over gloo at the rank's TP size by ``sglang_cpu``,
 with SGLang's real ``ServerArgs``) under ``DeltaAwexSGLangAdapter``, which applies into
-their live parameters (``qkv_proj``, ``gate_up_proj``, the fused ``w13``/``w2`` experts).
+their live parameters (``qkv_proj``, ``gate_up_proj``, the fused ``w13``/``w2`` experts,
+the padded embedding and lm_head), after SGLang's own load of the initial weights.
 SGLang's ``Scheduler`` and model runner need a GPU, so the scheduler is a stand-in holding
 what the adapter reads of it: the ``ServerArgs``, ``tp_rank``,
 ``tp_worker.model_runner.model`` (the SGLang model) and ``flush_cache`` (whose answer the
@@ -224,6 +225,9 @@ def run_rollout(rank: int, case: Case, store: str, folder: str) -> None:
     server_args = sglang_cpu.start(folder, f"{store}-engine{rank // case.rollout_tp}",
                                    tp=case.rollout_tp, rank=tp_rank)
     model = sglang_cpu.sglang_model(server_args, hf_config(case.config))
+    # as a server starts: SGLang's own load of a checkpoint (it zeroes the vocab padding)
+    model.load_weights([(name, master.to(torch.bfloat16))
+                        for name, master in canonical_masters(case.config).items()])
     # after sglang_cpu.start: AReaL's SGLang adapter imports sglang, which reads its CPU
     # switch at import
     from areal_dte.areal.awex_sglang import DeltaAwexSGLangAdapter
