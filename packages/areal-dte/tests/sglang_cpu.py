@@ -7,8 +7,8 @@ environment):
 - ``SGLANG_USE_CPU_ENGINE=1``: SGLang's own switch to its CPU engine (``is_cpu()``).
 - A CUDA driver with no device: SGLang imports ``sgl_kernel`` at import time (its host
   KV-cache module), and the PyPI ``sglang-kernel`` wheel links ``libcuda.so.1``, which a
-  machine without an NVIDIA driver lacks. `load_no_device_driver` builds and loads a
-  library of that name whose every entry point answers ``CUDA_ERROR_NO_DEVICE``, as a
+  machine without an NVIDIA driver lacks. There `load_no_device_driver` builds and loads
+  a library of that name whose every entry point answers ``CUDA_ERROR_NO_DEVICE``, as a
   driver on a machine without a GPU does; nothing here calls it (torch reports no CUDA).
 - Its distributed state over gloo, and its data-parallel-attention state, as its model
   runner sets them up before it builds a model.
@@ -39,12 +39,18 @@ asks first when torch probes for a device."""
 
 
 def load_no_device_driver(folder: str) -> None:
-    """Build ``libcuda.so.1`` answering `NO_DEVICE` everywhere into ``folder`` and load it
-    globally, so that libraries linked against the driver find it by its soname.
+    """Unless the machine has a CUDA driver, build ``libcuda.so.1`` answering `NO_DEVICE`
+    everywhere into ``folder`` and load it globally, so that libraries linked against the
+    driver find it by its soname.
 
     Raises:
         RuntimeError: no C compiler on this machine.
     """
+    try:
+        ctypes.CDLL("libcuda.so.1", mode=ctypes.RTLD_GLOBAL)
+        return  # a real driver: never shadow it
+    except OSError:
+        pass
     compiler = shutil.which("cc") or shutil.which("gcc")
     if compiler is None:
         raise RuntimeError("no C compiler (cc, gcc) to build the no-device libcuda.so.1 "
