@@ -9,11 +9,15 @@ masters stepped by a real torch AdamW, then copied into the bf16 params by
 per step (``group_worker``), not produced by a forward pass, so that every process can
 compute what a full sync gives.
 
-Rollout ranks: ``DeltaAwexSGLangAdapter`` over a stand-in of SGLang's scheduler (its
-``server_args``, ``tp_rank``, ``tp_worker.model_runner.model`` and ``flush_cache``)
-whose model holds the tensors of ``dte_codec.sglang_layout`` under SGLang's names, zeroed.
-SGLang's own model classes build on CPU only with sglang 0.5.23, which cannot share an
-environment with AReaL 1.0.4; the sglang-marked tests check that layout against them.
+Rollout ranks: SGLang 0.5.10.post1's own ``Qwen3ForCausalLM`` / ``Qwen3MoeForCausalLM``
+(AReaL 1.0.4's SGLang; built on CPU over gloo at the rank's TP size by ``sglang_cpu``,
+with SGLang's real ``ServerArgs``) under ``DeltaAwexSGLangAdapter``, which applies into
+their live parameters (``qkv_proj``, ``gate_up_proj``, the fused ``w13``/``w2`` experts,
+the padded embedding and lm_head), after SGLang's own load of the initial weights.
+SGLang's ``Scheduler`` and model runner need a GPU, so the scheduler is a stand-in holding
+what the adapter reads of it: the ``ServerArgs``, ``tp_rank``,
+``tp_worker.model_runner.model`` (the SGLang model) and ``flush_cache`` (whose answer the
+test chooses: a scheduler that is not idle).
 
 The parent runs AReaL's weight-update gateway for its KV store; ranks exchange their metas
 with it through files (``meta-*.json``, then ``connect-<pair>.json``), as AReaL's
@@ -136,20 +140,6 @@ class _MixedPrecisionOptimizer:
         self.optimizer.load_state_dict(state)
 
 
-def _module_of(tensors: dict[str, torch.Tensor]) -> torch.nn.Module:
-    """A module whose ``named_parameters`` are ``tensors`` under their dotted names."""
-    root = torch.nn.Module()
-    for name, tensor in tensors.items():
-        *path, leaf = name.split(".")
-        node = root
-        for part in path:
-            if not hasattr(node, part):
-                node.add_module(part, torch.nn.Module())
-            node = getattr(node, part)
-        node.register_parameter(leaf, torch.nn.Parameter(tensor, requires_grad=False))
-    return root
-
-
 def _env(case: Case) -> None:
     delta = DeltaConfig(enable_delta_weight_update=True, weight_update_delta_method=case.method,
                         weight_update_anchor_interval=case.anchor)
@@ -228,17 +218,21 @@ def run_trainer(rank: int, case: Case, store: str, folder: str) -> None:
 
 
 def run_rollout(rank: int, case: Case, store: str, folder: str) -> None:
-    from areal_dte.areal.awex_sglang import DeltaAwexSGLangAdapter
+    import sglang_cpu
 
     _env(case)
     tp_rank = rank % case.rollout_tp
-    dist.init_process_group("gloo", init_method=f"{store}-engine{rank // case.rollout_tp}",
-                            rank=tp_rank, world_size=case.rollout_tp,
-                            timeout=datetime.timedelta(seconds=120))
-    layout = SGLangLayout(tp=case.rollout_tp)
-    shard = sglang_shard(case.config, layout, rank=tp_rank)
-    model = _module_of({n: torch.zeros(s.shape, dtype=s.dtype) for n, s in shard.tensors.items()})
-    model.config = hf_config(case.config)
+    server_args = sglang_cpu.start(folder, f"{store}-engine{rank // case.rollout_tp}",
+                                   tp=case.rollout_tp, rank=tp_rank)
+    model = sglang_cpu.sglang_model(server_args, hf_config(case.config))
+    # as a server starts: SGLang's own load of a checkpoint (it zeroes the vocab padding)
+    model.load_weights([(name, master.to(torch.bfloat16))
+                        for name, master in canonical_masters(case.config).items()])
+    # after sglang_cpu.start: AReaL's SGLang adapter imports sglang, which reads its CPU
+    # switch at import
+    from areal_dte.areal.awex_sglang import DeltaAwexSGLangAdapter
+
+    shard = sglang_shard(case.config, SGLangLayout(tp=case.rollout_tp), rank=tp_rank)
     flushes = []
 
     def flush_cache() -> bool:  # SGLang's answer: False unless the scheduler is idle
@@ -246,10 +240,7 @@ def run_rollout(rank: int, case: Case, store: str, folder: str) -> None:
         return not (version == case.busy and rank == case.rollouts - 1)
     version = 0
     scheduler = types.SimpleNamespace(
-        server_args=types.SimpleNamespace(  # the ServerArgs fields awex's strategy reads
-            tp_size=case.rollout_tp, pp_size=1, dp_size=1, ep_size=1, enable_dp_attention=False,
-            enable_dp_lm_head=False, moe_dense_tp_size=None),
-        tp_rank=tp_rank, tp_worker=types.SimpleNamespace(
+        server_args=server_args, tp_rank=tp_rank, tp_worker=types.SimpleNamespace(
             model_runner=types.SimpleNamespace(model=model)),
         flush_cache=flush_cache)
     adapter = DeltaAwexSGLangAdapter(scheduler)

@@ -1,7 +1,10 @@
 """The stack checks and installs of cluster mode, against AReaL 1.0.4's real modules."""
 
 import importlib
+import os
+import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from areal_dte.areal import compat
@@ -26,12 +29,21 @@ def test_a_version_outside_the_pin_names_both():
     assert f"awex version: expected 0.6.0 or 0.6.1, got 0.7.0; {SUFFIX}" == str(caught.value)
 
 
-def test_the_rollout_stack_needs_sglang():
-    """Without sglang (AReaL's CPU environment here) the rollout check stops at its pin."""
-    with pytest.raises(IncompatibleStackError) as caught:
-        compat.check_rollout()
-    assert (f"sglang version: expected 0.5.10.post1, got not installed; {SUFFIX}"
-            == str(caught.value))
+def _with_sglang(code: str, folder, **env: str) -> None:
+    """Run ``code`` in a process of its own that can import SGLang's scheduler: without a
+    GPU, that needs ``sglang_cpu``'s no-device driver, loaded first."""
+    path = os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")])
+    done = subprocess.run(
+        [sys.executable, "-c", "import sys, sglang_cpu; "
+         f"sglang_cpu.load_no_device_driver(sys.argv[1]); {code}", str(folder)],
+        capture_output=True, text=True, env={**os.environ, "PYTHONPATH": path, **env})
+    assert 0 == done.returncode, done.stderr[-3000:]
+
+
+def test_the_areal_environment_is_the_pinned_rollout_stack(tmp_path):
+    """AReaL's SGLang (0.5.10.post1) passes, and so do the scheduler bridge's call-time
+    import of its SGLang adapter and the Scheduler's ``flush_cache``."""
+    _with_sglang("from areal_dte.areal import compat; compat.check_rollout()", tmp_path)
 
 
 def test_a_worker_that_no_longer_resolves_the_adapter_at_call_time_is_refused(monkeypatch):
@@ -59,17 +71,23 @@ def test_install_puts_the_delta_adapter_where_the_worker_looks(monkeypatch):
         module.AwexMegatronAdapter, issubclass(module.AwexMegatronAdapter, original))
 
 
-@pytest.mark.parametrize("on", [False, True])
-def test_the_sglang_extension_installs_only_with_the_path_on(on, monkeypatch):
-    """Imported as SGLang's registry imports it: with the path off it leaves AReaL's
-    adapter alone; with it on it checks the stack first (no sglang here: refused)."""
+def test_the_sglang_extension_leaves_areal_alone_with_the_path_off(monkeypatch):
+    """Imported as SGLang's registry imports it, with the path off: AReaL's adapter stays."""
     module = importlib.import_module(compat.SGLANG_ADAPTER[0])
     original = module.AwexSGLangAdapter
-    monkeypatch.setenv("DTE_ENABLE_DELTA_WEIGHT_UPDATE", "1" if on else "0")
+    monkeypatch.setenv("DTE_ENABLE_DELTA_WEIGHT_UPDATE", "0")
     monkeypatch.delitem(sys.modules, "areal_dte.areal.sglang_ext.delta_adapter", raising=False)
-    if on:
-        with pytest.raises(IncompatibleStackError):
-            importlib.import_module("areal_dte.areal.sglang_ext.delta_adapter")
-    else:
-        importlib.import_module("areal_dte.areal.sglang_ext.delta_adapter")
+    importlib.import_module("areal_dte.areal.sglang_ext.delta_adapter")
     assert original is module.AwexSGLangAdapter
+
+
+def test_the_sglang_extension_installs_the_delta_adapter_with_the_path_on(tmp_path):
+    """With the path on, the import checks the stack (AReaL's SGLang passes) and puts
+    the Delta adapter where AReaL's scheduler bridge looks its adapter up."""
+    _with_sglang(
+        "import importlib; from areal_dte.areal import compat; "
+        "module = importlib.import_module(compat.SGLANG_ADAPTER[0]); "
+        "importlib.import_module('areal_dte.areal.sglang_ext.delta_adapter'); "
+        "from areal_dte.areal.awex_sglang import DeltaAwexSGLangAdapter; "
+        "assert module.AwexSGLangAdapter is DeltaAwexSGLangAdapter, module.AwexSGLangAdapter",
+        tmp_path, DTE_ENABLE_DELTA_WEIGHT_UPDATE="1")

@@ -71,7 +71,9 @@ class DeltaAwexSGLangAdapter(getattr(_awex_adapter, SGLANG_ADAPTER[1])):
         self._transfer_rank, self._transfer_plan = transfer_rank, link.awex_plan
         self._weights_update_group, self.link = link.group, link
         self.shard = link.rollout_shards[transfer_rank]
-        self.receiver = GroupReceiver({}, roles=link.roles, group=link.group, device=link.device)
+        # the shard: a full version covers only the elements it holds (no vocab padding)
+        self.receiver = GroupReceiver({}, roles=link.roles, group=link.group, device=link.device,
+                                      shard=self.shard)
 
     def batch_isend_irecv(self, **kwargs) -> None:
         """AReaL's liveness exchange after connecting, on this group (`awex_link.warm_up`)."""
