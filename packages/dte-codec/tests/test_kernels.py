@@ -127,6 +127,8 @@ def test_kernel_decoder_rejects_what_the_reference_rejects(cases, data):
 @EXAMPLES
 @given(st.lists(tensor_and_change(), min_size=1, max_size=4), st.booleans(),
        st.integers(0, 2**31 - 1))
+@example(_across_blocks(), True, 0)
+@example(EDGES[3] + _across_blocks(), False, 1)
 def test_kernel_residues_resolve_as_the_reference(cases, inside, seed):
     """Residues against bases inside the bounds or arbitrary: same values or error."""
     with kernels():

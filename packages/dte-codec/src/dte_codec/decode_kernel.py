@@ -29,7 +29,8 @@ import triton.language as tl
 from .dispatch import on_device
 from .fields import block_segments, host_table
 from .header import Entry, IndexEncoding
-from .kernel_bits import column, flags_before, get_fields, shift_right, width_mask
+from .kernel_bits import (column, flags_before, get_fields, owned_block, shift_right,
+                          width_mask)
 
 BLOCK = 1024
 _INT64 = torch.int64
@@ -61,11 +62,8 @@ _E_ELIAS_FANO = tl.constexpr(IndexEncoding.ELIAS_FANO.value)
 
 @triton.jit
 def _entry_block(table, block_seg, segments, BLOCK: tl.constexpr):
-    """This program's entry, and the ranks of its elements inside the entry."""
-    block = tl.program_id(0)
-    seg = tl.load(block_seg + block)
-    rank = (block - column(table, 0, segments, seg)).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    return block, seg, rank
+    """This program's block, its entry (or stream), and the ranks of its elements in it."""
+    return owned_block(table, block_seg, segments, 0, BLOCK)
 
 
 @triton.jit

@@ -94,6 +94,17 @@ def column(table, c, segments, seg):
 
 
 @triton.jit
+def owned_block(table, block_seg, segments, FIRST: tl.constexpr, BLOCK: tl.constexpr):
+    """For a space where each segment takes whole blocks from the block in its column
+    ``FIRST`` on: this program's block, its segment (one load from the block -> segment
+    table ``block_seg``), and the ranks of the block's elements inside the segment."""
+    block = tl.program_id(0)
+    seg = tl.load(block_seg + block)
+    rank = (block - column(table, FIRST, segments, seg)).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    return block, seg, rank
+
+
+@triton.jit
 def load_int(address, at, size, mask):
     """Element ``at`` of the tensor at ``address`` with ``size``-byte items (1, 2, 4 or 8),
     as int64 (1-byte items zero-extended, the others sign-extended). ``address`` and
@@ -115,11 +126,14 @@ def load_int(address, at, size, mask):
 @triton.jit
 def store_int(address, at, value, size, mask):
     """Store the low ``size`` bytes of int64 ``value`` as element ``at`` of the tensor at
-    ``address`` (``size`` 1, 2, 4 or 8)."""
-    tl.store(address.to(tl.pointer_type(tl.uint8)) + at, value.to(tl.uint8), mask=mask & (size == 1))
-    tl.store(address.to(tl.pointer_type(tl.int16)) + at, value.to(tl.int16), mask=mask & (size == 2))
-    tl.store(address.to(tl.pointer_type(tl.int32)) + at, value.to(tl.int32), mask=mask & (size == 4))
-    tl.store(address.to(tl.pointer_type(tl.int64)) + at, value, mask=mask & (size == 8))
+    ``address`` (``size`` 1, 2, 4 or 8; both may be scalars, as in ``load_int``)."""
+    tl.store(address.to(tl.pointer_type(tl.uint8)) + at, value.to(tl.uint8),
+             mask=tl.where(size == 1, mask, False))
+    tl.store(address.to(tl.pointer_type(tl.int16)) + at, value.to(tl.int16),
+             mask=tl.where(size == 2, mask, False))
+    tl.store(address.to(tl.pointer_type(tl.int32)) + at, value.to(tl.int32),
+             mask=tl.where(size == 4, mask, False))
+    tl.store(address.to(tl.pointer_type(tl.int64)) + at, value, mask=tl.where(size == 8, mask, False))
 
 
 @triton.jit
