@@ -15,7 +15,9 @@ at an entry's first block is the entry's own base.
   the elements whose rank they are, with the low bits for Elias-Fano.
 * ``_check``: indices inside ``[0, numel)`` and strictly increasing.
 
-Every failed check is a count on the device; the caller reads their sum once.
+Every failed check is a count on the device; the caller reads their sum once. Nothing
+about a payload but the presence of an encoding selects a compiled variant: entry counts
+are not constants and the body's alignment (it may start at any word) is not specialized.
 """
 
 from __future__ import annotations
@@ -74,7 +76,8 @@ def _popcount(x):
     return shift_right(x * 0x0101010101010101, x * 0 + 56)
 
 
-@triton.jit(do_not_specialize=["segments", "last"])
+@triton.jit(do_not_specialize=["segments", "last"],
+            do_not_specialize_on_alignment=["words"])
 def _fields(table, block_seg, segments, words, last, out, wides, BLOCK: tl.constexpr):
     block, seg, rank = _entry_block(table, block_seg, segments, BLOCK)
     enc = column(table, _ENC, segments, seg)
@@ -89,7 +92,8 @@ def _fields(table, block_seg, segments, words, last, out, wides, BLOCK: tl.const
         tl.store(wides + block, tl.sum(wide.to(tl.int64)))
 
 
-@triton.jit(do_not_specialize=["segments", "last"])
+@triton.jit(do_not_specialize=["segments", "last"],
+            do_not_specialize_on_alignment=["words"])
 def _gaps(table, block_seg, segments, words, last, wide_before, gap_before, sums, failures,
           out, BLOCK: tl.constexpr, WRITE: tl.constexpr):
     block, seg, rank = _entry_block(table, block_seg, segments, BLOCK)
@@ -115,7 +119,8 @@ def _gaps(table, block_seg, segments, words, last, wide_before, gap_before, sums
             tl.store(failures + block, tl.sum(bad.to(tl.int64)))
 
 
-@triton.jit(do_not_specialize=["segments", "last"])
+@triton.jit(do_not_specialize=["segments", "entries", "last"],
+            do_not_specialize_on_alignment=["words"])
 def _stream(streams, block_seg, table, segments, entries, words, last, counts, before,
             failures, out, BLOCK: tl.constexpr, WRITE: tl.constexpr):
     block, s, rank = _entry_block(streams, block_seg, segments, BLOCK)

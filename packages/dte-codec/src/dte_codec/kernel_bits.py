@@ -3,10 +3,10 @@ and ``fields.py``, per element inside a kernel.
 
 A kernel program takes ``BLOCK`` consecutive elements of a flat index space cut into
 segments (one per payload entry). Per-segment numbers sit in an int64 table of
-``columns x segments`` (``column(table, c, segments, seg)``); an element finds its segment
-by a binary search over the first column (the segments' flat starts, ``segment_of``), or,
-where each block lies inside one segment (the encoder's layout), the program reads its
-segment once from a block -> segment table. Tensors of different entries are reached through
+``columns x segments`` (``column(table, c, segments, seg)``). Each segment takes whole
+blocks, so a program reads its segment once from a block -> segment table
+(``fields.block_segments``; ``owned_block``): no per-element search, and no kernel is
+compiled per segment count. Tensors of different entries are reached through
 their addresses in the table (``load_int``), so one launch covers every tensor.
 
 ``put_fields`` adds bit fields into int64 body words with two atomic adds per run of
@@ -19,14 +19,6 @@ from __future__ import annotations
 
 import triton
 import triton.language as tl
-
-
-@triton.jit
-def block_positions(total, BLOCK: tl.constexpr):
-    """This program's block, its flat positions, and which of them are inside ``total``."""
-    block = tl.program_id(0)
-    k = block.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    return block, k, k < total
 
 
 @triton.jit
@@ -73,19 +65,6 @@ def from_order_key(keys, width):
     """``bits.from_order_keys_by_width``."""
     top = (keys * 0 + 1) << (width - 1)
     return tl.where((keys & top) != 0, keys ^ top, keys ^ width_mask(width))
-
-
-@triton.jit
-def segment_of(table, segments, k, LOG: tl.constexpr):
-    """Per flat position ``k``, the last segment whose start (column 0) is ``<= k``;
-    ``LOG`` is ``(segments - 1).bit_length()``."""
-    seg = k * 0
-    for i in tl.static_range(LOG):
-        candidate = seg + (1 << (LOG - 1 - i))
-        inside = candidate < segments
-        start = tl.load(table + tl.minimum(candidate, segments - 1))
-        seg = tl.where(inside & (start <= k), candidate, seg)
-    return seg
 
 
 @triton.jit
