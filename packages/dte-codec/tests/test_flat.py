@@ -11,7 +11,7 @@ import torch
 from dte_codec.decode import decode_batched
 from dte_codec.encode import encode_delta_batched, encode_delta_per_tensor
 from dte_codec.errors import EncodeError
-from dte_codec.fields import Body, Segments
+from dte_codec.fields import Body, Segments, block_segments
 from dte_codec.indices import _bitmap, _elias_fano, _gap8, _raw, choose_indices, encode_indices
 from hypothesis import example, given
 from hypothesis import strategies as st
@@ -137,3 +137,12 @@ def test_histogram_counts_per_segment(counts, seed):
     values = torch.randint(-1, 7, (segs.total,), generator=gen)
     expected = torch.stack([segs.sums(values == b) for b in range(5)], 1)
     assert expected.tolist() == segs.histogram(values, 5).tolist()
+
+
+@given(st.lists(st.integers(0, 5), max_size=8))
+def test_block_segments_name_each_blocks_owner(blocks):
+    """Segments of 0 or more whole blocks: each block is owned by the segment whose run
+    of blocks holds it, in order, empty segments owning none."""
+    expected = [s for s, n in enumerate(blocks) for _ in range(n)]
+    owners = block_segments(torch.tensor(blocks, dtype=torch.int64), sum(blocks))
+    assert (torch.int32, expected) == (owners.dtype, owners.tolist())

@@ -108,6 +108,29 @@ def test_kernel_encoder_compiles_once_whatever_the_number_of_tensors():
         assert 1 == sum(len(caches[0]) for caches in kernel.device_caches.values())
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA, reason="counts compiled CUDA kernels")
+def test_kernel_decoder_compiles_once_whatever_the_number_of_tensors():
+    """Payloads of 1 to 33 entries (entry counts on both sides of powers of two) decode,
+    resolve and apply through one compiled variant of each decoder, residue and scatter
+    kernel: no entry count is a compile-time constant."""
+    from dte_codec import decode_kernel, scatter_kernel, values_kernel
+    # the count and write passes of _stream and _gaps are two variants (WRITE)
+    expected = {decode_kernel._fields: 1, decode_kernel._stream: 2, decode_kernel._gaps: 2,
+                decode_kernel._check: 1, values_kernel._resolve: 1, values_kernel._escaped: 1,
+                scatter_kernel._move: 1}
+    for kernel in expected:  # variants other tests compiled
+        kernel.device_caches.clear()
+    across = _across_blocks()
+    for tensors in (1, 2, 3, 5, 9, 17, 33):
+        cases = [across[k % len(across)] for k in range(tensors)]
+        assert_decoders_agree(cases, DEVICE)
+        assert_residues_agree(cases, True, tensors, DEVICE)
+        assert_apply_agrees(cases, DEVICE)
+    assert expected == {kernel: sum(len(caches[0]) for caches in kernel.device_caches.values())
+                        for kernel in expected}
+
+
 @EXAMPLES
 @given(st.lists(tensor_and_change(), max_size=6))
 @example(EDGES[1] + EDGES[3])
@@ -128,6 +151,8 @@ def test_kernel_decoder_rejects_what_the_reference_rejects(cases, data):
 @EXAMPLES
 @given(st.lists(tensor_and_change(), min_size=1, max_size=4), st.booleans(),
        st.integers(0, 2**31 - 1))
+@example(_across_blocks(), True, 0)
+@example(EDGES[3] + _across_blocks(), False, 1)
 def test_kernel_residues_resolve_as_the_reference(cases, inside, seed):
     """Residues against bases inside the bounds or arbitrary: same values or error."""
     with kernels():

@@ -1,8 +1,9 @@
 """``flat_decode.decode_indices_flat``'s device work as Triton launches over all entries.
 
 Blocks never straddle two entries here: entry ``e``'s elements (or its stream's words)
-take whole blocks from block ``first_block[e]`` on, so a program finds its entry by one
-scalar search, branches on the entry's encoding, and the prefix sum of per-block counts
+take whole blocks from block ``first_block[e]`` on, so a program reads its entry from a
+block -> entry table (one load, built once per payload by ``fields.block_segments``; no
+search and no compile-time entry count), branches on the entry's encoding, and the prefix sum of per-block counts
 at an entry's first block is the entry's own base.
 
 * ``_fields``: INT32/INT64 indices are read straight into the output; GAP8 blocks count
@@ -14,7 +15,9 @@ at an entry's first block is the entry's own base.
   the elements whose rank they are, with the low bits for Elias-Fano.
 * ``_check``: indices inside ``[0, numel)`` and strictly increasing.
 
-Every failed check is a count on the device; the caller reads their sum once.
+Every failed check is a count on the device; the caller reads their sum once. Nothing
+about a payload but the presence of an encoding selects a compiled variant: entry counts
+are not constants and the body's alignment (it may start at any word) is not specialized.
 """
 
 from __future__ import annotations
@@ -26,9 +29,10 @@ import triton
 import triton.language as tl
 
 from .dispatch import on_device
-from .fields import host_table
+from .fields import block_segments, host_table
 from .header import Entry, IndexEncoding
-from .kernel_bits import column, flags_before, get_fields, segment_of, shift_right, width_mask
+from .kernel_bits import (column, flags_before, get_fields, owned_block, shift_right,
+                          width_mask)
 
 BLOCK = 1024
 _INT64 = torch.int64
@@ -43,11 +47,15 @@ _WIDTH = tl.constexpr(7)
 _SECOND = tl.constexpr(8)
 _ESCAPE_BITS = tl.constexpr(9)
 _LOW_WIDTH = tl.constexpr(10)
+# host-only columns: an entry's blocks and its GAP8 escape count
+_BLOCKS = 11
+_ESCAPES = 12
 _STREAM_FIRST_BLOCK = tl.constexpr(0)
 _STREAM_ENTRY = tl.constexpr(1)
 _STREAM_WORD = tl.constexpr(2)
 _STREAM_LIMIT = tl.constexpr(3)
 _STREAM_WORDS = tl.constexpr(4)
+_STREAM_BLOCKS = 5  # host-only
 _E_INT32 = tl.constexpr(IndexEncoding.INT32.value)
 _E_INT64 = tl.constexpr(IndexEncoding.INT64.value)
 _E_GAP8 = tl.constexpr(IndexEncoding.GAP8.value)
@@ -55,13 +63,9 @@ _E_ELIAS_FANO = tl.constexpr(IndexEncoding.ELIAS_FANO.value)
 
 
 @triton.jit
-def _entry_block(table, segments, LOG: tl.constexpr, BLOCK: tl.constexpr):
-    """This program's entry (its first-block column searched), and the ranks of its
-    elements inside the entry."""
-    block = tl.program_id(0)
-    seg = segment_of(table, segments, block, LOG)
-    rank = (block - column(table, 0, segments, seg)).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    return block, seg, rank
+def _entry_block(table, block_seg, segments, BLOCK: tl.constexpr):
+    """This program's block, its entry (or stream), and the ranks of its elements in it."""
+    return owned_block(table, block_seg, segments, 0, BLOCK)
 
 
 @triton.jit
@@ -72,10 +76,10 @@ def _popcount(x):
     return shift_right(x * 0x0101010101010101, x * 0 + 56)
 
 
-@triton.jit(do_not_specialize=["segments", "last"])
-def _fields(table, segments, words, last, out, wides, LOG: tl.constexpr,
-            BLOCK: tl.constexpr):
-    block, seg, rank = _entry_block(table, segments, LOG, BLOCK)
+@triton.jit(do_not_specialize=["segments", "last"],
+            do_not_specialize_on_alignment=["words"])
+def _fields(table, block_seg, segments, words, last, out, wides, BLOCK: tl.constexpr):
+    block, seg, rank = _entry_block(table, block_seg, segments, BLOCK)
     enc = column(table, _ENC, segments, seg)
     valid = rank < column(table, _COUNT, segments, seg)
     pos = column(table, _FIRST, segments, seg) + rank * column(table, _STRIDE, segments, seg)
@@ -88,10 +92,11 @@ def _fields(table, segments, words, last, out, wides, LOG: tl.constexpr,
         tl.store(wides + block, tl.sum(wide.to(tl.int64)))
 
 
-@triton.jit(do_not_specialize=["segments", "last"])
-def _gaps(table, segments, words, last, wide_before, gap_before, sums, failures, out,
-          LOG: tl.constexpr, BLOCK: tl.constexpr, WRITE: tl.constexpr):
-    block, seg, rank = _entry_block(table, segments, LOG, BLOCK)
+@triton.jit(do_not_specialize=["segments", "last"],
+            do_not_specialize_on_alignment=["words"])
+def _gaps(table, block_seg, segments, words, last, wide_before, gap_before, sums, failures,
+          out, BLOCK: tl.constexpr, WRITE: tl.constexpr):
+    block, seg, rank = _entry_block(table, block_seg, segments, BLOCK)
     if column(table, _ENC, segments, seg) == _E_GAP8:
         valid = rank < column(table, _COUNT, segments, seg)
         byte = get_fields(words, column(table, _FIRST, segments, seg) + rank * 8,
@@ -114,10 +119,11 @@ def _gaps(table, segments, words, last, wide_before, gap_before, sums, failures,
             tl.store(failures + block, tl.sum(bad.to(tl.int64)))
 
 
-@triton.jit(do_not_specialize=["segments", "last"])
-def _stream(streams, table, segments, entries, words, last, counts, before, failures, out,
-            LOG: tl.constexpr, BLOCK: tl.constexpr, WRITE: tl.constexpr):
-    block, s, rank = _entry_block(streams, segments, LOG, BLOCK)
+@triton.jit(do_not_specialize=["segments", "entries", "last"],
+            do_not_specialize_on_alignment=["words"])
+def _stream(streams, block_seg, table, segments, entries, words, last, counts, before,
+            failures, out, BLOCK: tl.constexpr, WRITE: tl.constexpr):
+    block, s, rank = _entry_block(streams, block_seg, segments, BLOCK)
     inside = rank < column(streams, _STREAM_WORDS, segments, s)
     word = tl.load(words + tl.minimum(column(streams, _STREAM_WORD, segments, s) + rank, last),
                    mask=inside, other=0)
@@ -153,8 +159,8 @@ def _stream(streams, table, segments, entries, words, last, counts, before, fail
 
 
 @triton.jit(do_not_specialize=["segments"])
-def _check(table, segments, out, failures, LOG: tl.constexpr, BLOCK: tl.constexpr):
-    block, seg, rank = _entry_block(table, segments, LOG, BLOCK)
+def _check(table, block_seg, segments, out, failures, BLOCK: tl.constexpr):
+    block, seg, rank = _entry_block(table, block_seg, segments, BLOCK)
     valid = rank < column(table, _COUNT, segments, seg)
     at = out + column(table, _START, segments, seg) + rank
     index = tl.load(at, mask=valid, other=0)
@@ -180,34 +186,33 @@ def _decode(sparse: Sequence[tuple[Entry, list[int]]], rows: Sequence[tuple[int,
     device, last = words.device, words.numel() - 1
     counts = [entry.count for entry, _ in sparse]
     blocks = [triton.cdiv(n, BLOCK) for n in counts]
-    first_blocks, starts = _starts(blocks), _starts(counts)
-    columns = [first_blocks, starts, counts] + [list(c) for c in zip(*(
+    columns = [_starts(blocks), _starts(counts), counts] + [list(c) for c in zip(*(
         (row[7], row[0], row[1], row[2], row[3], row[4], row[5], row[6]) for row in rows))]
-    table = host_table(columns, device)
-    segments, log = len(sparse), max(len(sparse) - 1, 0).bit_length()
+    table = host_table(columns + [blocks, [row[8] for row in rows]], device)  # _BLOCKS, _ESCAPES
+    segments, total_blocks = len(sparse), sum(blocks)
+    block_seg = block_segments(table[_BLOCKS], total_blocks)
     out = torch.empty(sum(counts), dtype=_INT64, device=device)
-    total_blocks = sum(blocks)
     per_block = torch.zeros(4, total_blocks, dtype=_INT64, device=device)
     wides, sums, gap_failures, check_failures = per_block
     grid = (total_blocks,)
-    _fields[grid](table, segments, words, last, out, wides, LOG=log, BLOCK=BLOCK)
-    failures = [_stream_pass(sparse, rows, table, words, out)]
+    args = (table, block_seg, segments)
+    _fields[grid](*args, words, last, out, wides, BLOCK=BLOCK)
+    failures = [_stream_pass(rows, table, words, out)]
     if any(row[0] == IndexEncoding.GAP8 for row in rows):
         wide_before = _exclusive(wides)
-        _gaps[grid](table, segments, words, last, wide_before, wide_before, sums, gap_failures,
-                    out, LOG=log, BLOCK=BLOCK, WRITE=False)
-        _gaps[grid](table, segments, words, last, wide_before, _exclusive(sums), sums,
-                    gap_failures, out, LOG=log, BLOCK=BLOCK, WRITE=True)
+        _gaps[grid](*args, words, last, wide_before, wide_before, sums, gap_failures, out,
+                    BLOCK=BLOCK, WRITE=False)
+        _gaps[grid](*args, words, last, wide_before, _exclusive(sums), sums, gap_failures, out,
+                    BLOCK=BLOCK, WRITE=True)
         # wides counts only GAP8 blocks, and other entries have no escapes
-        escapes = host_table([[row[8] for row in rows]], device)[0]
-        failures.append((_per_entry(wides, first_blocks, blocks) != escapes).sum())
+        failures.append((_per_entry(wides, table[_FIRST_BLOCK.value], table[_BLOCKS]) != table[_ESCAPES]).sum())
         failures.append(gap_failures.sum())
-    _check[grid](table, segments, out, check_failures, LOG=log, BLOCK=BLOCK)
+    _check[grid](*args, out, check_failures, BLOCK=BLOCK)
     failures.append(check_failures.sum())
     return out, sum(failures)
 
 
-def _stream_pass(sparse, rows, table: torch.Tensor, words: torch.Tensor,
+def _stream_pass(rows, table: torch.Tensor, words: torch.Tensor,
                  out: torch.Tensor) -> torch.Tensor:
     """Both ``_stream`` launches over the Elias-Fano upper streams and bitmaps; failures."""
     device, last = words.device, words.numel() - 1
@@ -217,19 +222,19 @@ def _stream_pass(sparse, rows, table: torch.Tensor, words: torch.Tensor,
         return torch.zeros((), dtype=_INT64, device=device)
     stream_words = [-(-row[9] // 64) for _, row in picked]
     blocks = [triton.cdiv(n, BLOCK) for n in stream_words]
-    first_blocks = _starts(blocks)
     word_at = [(row[4] if row[0] == IndexEncoding.ELIAS_FANO else row[1]) // 64
                for _, row in picked]
-    streams = host_table([first_blocks, [k for k, _ in picked], word_at,
-                          [row[9] for _, row in picked], stream_words], device)
-    segments, log = len(picked), max(len(picked) - 1, 0).bit_length()
+    picks = [k for k, _ in picked]
+    streams = host_table([_starts(blocks), picks, word_at, [row[9] for _, row in picked],
+                          stream_words, blocks], device)
+    block_seg = block_segments(streams[_STREAM_BLOCKS], sum(blocks))
     ones, bad = torch.zeros(2, sum(blocks), dtype=_INT64, device=device)
     grid = (sum(blocks),)
-    args = (streams, table, segments, len(rows), words, last)
-    _stream[grid](*args, ones, ones, bad, out, LOG=log, BLOCK=BLOCK, WRITE=False)
-    _stream[grid](*args, ones, _exclusive(ones), bad, out, LOG=log, BLOCK=BLOCK, WRITE=True)
-    expected = host_table([[sparse[k][0].count for k, _ in picked]], device)[0]
-    return (_per_entry(ones, first_blocks, blocks) != expected).sum() + bad.sum()
+    args = (streams, block_seg, table, len(picked), len(rows), words, last)
+    _stream[grid](*args, ones, ones, bad, out, BLOCK=BLOCK, WRITE=False)
+    _stream[grid](*args, ones, _exclusive(ones), bad, out, BLOCK=BLOCK, WRITE=True)
+    expected = table[_COUNT.value].index_select(0, streams[_STREAM_ENTRY.value])
+    return (_per_entry(ones, streams[_STREAM_FIRST_BLOCK.value], streams[_STREAM_BLOCKS]) != expected).sum() + bad.sum()
 
 
 def _starts(sizes: list[int]) -> list[int]:
@@ -244,11 +249,9 @@ def _exclusive(counts: torch.Tensor) -> torch.Tensor:
     return torch.cumsum(counts, 0) - counts
 
 
-def _per_entry(per_block: torch.Tensor, first_blocks: list[int], blocks: list[int]
+def _per_entry(per_block: torch.Tensor, first_blocks: torch.Tensor, blocks: torch.Tensor
                ) -> torch.Tensor:
-    """Per entry, the sum of its blocks' counts."""
+    """Per entry, the sum of its blocks' counts (device columns of the entry table)."""
     total = torch.cumsum(per_block, 0)
-    firsts, ends = host_table([first_blocks, [f + b - 1 for f, b in zip(first_blocks, blocks)]],
-                              per_block.device)
-    return (total.index_select(0, ends) - total.index_select(0, firsts)
-            + per_block.index_select(0, firsts))
+    return (total.index_select(0, first_blocks + blocks - 1) - total.index_select(0, first_blocks)
+            + per_block.index_select(0, first_blocks))

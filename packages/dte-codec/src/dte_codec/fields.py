@@ -192,3 +192,12 @@ def host_table(columns: list[list[int]] | np.ndarray, device: torch.device) -> t
     if device.type == "cuda":
         return table.pin_memory().to(device, non_blocking=True)
     return table.to(device)
+
+
+def block_segments(blocks: torch.Tensor, total: int) -> torch.Tensor:
+    """Per kernel block, the segment that owns it, when segment ``s`` takes ``blocks[s]``
+    whole blocks in order (``total`` of them): a program reads its segment with one load
+    instead of searching, and no kernel needs the segment count as a compile-time
+    constant. One device op, no host synchronization."""
+    owners = torch.arange(blocks.numel(), dtype=torch.int32, device=blocks.device)
+    return torch.repeat_interleave(owners, blocks, output_size=total)

@@ -3,10 +3,10 @@ and ``fields.py``, per element inside a kernel.
 
 A kernel program takes ``BLOCK`` consecutive elements of a flat index space cut into
 segments (one per payload entry). Per-segment numbers sit in an int64 table of
-``columns x segments`` (``column(table, c, segments, seg)``); an element finds its segment
-by a binary search over the first column (the segments' flat starts, ``segment_of``), or,
-where each block lies inside one segment (the encoder's layout), the program reads its
-segment once from a block -> segment table. Tensors of different entries are reached through
+``columns x segments`` (``column(table, c, segments, seg)``). Each segment takes whole
+blocks, so a program reads its segment once from a block -> segment table
+(``fields.block_segments``; ``owned_block``): no per-element search, and no kernel is
+compiled per segment count. Tensors of different entries are reached through
 their addresses in the table (``load_int``), so one launch covers every tensor.
 
 ``put_fields`` adds bit fields into int64 body words with two atomic adds per run of
@@ -20,14 +20,6 @@ from __future__ import annotations
 
 import triton
 import triton.language as tl
-
-
-@triton.jit
-def block_positions(total, BLOCK: tl.constexpr):
-    """This program's block, its flat positions, and which of them are inside ``total``."""
-    block = tl.program_id(0)
-    k = block.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    return block, k, k < total
 
 
 @triton.jit
@@ -77,21 +69,19 @@ def from_order_key(keys, width):
 
 
 @triton.jit
-def segment_of(table, segments, k, LOG: tl.constexpr):
-    """Per flat position ``k``, the last segment whose start (column 0) is ``<= k``;
-    ``LOG`` is ``(segments - 1).bit_length()``."""
-    seg = k * 0
-    for i in tl.static_range(LOG):
-        candidate = seg + (1 << (LOG - 1 - i))
-        inside = candidate < segments
-        start = tl.load(table + tl.minimum(candidate, segments - 1))
-        seg = tl.where(inside & (start <= k), candidate, seg)
-    return seg
+def column(table, c, segments, seg):
+    return tl.load(table + c * segments + seg)
 
 
 @triton.jit
-def column(table, c, segments, seg):
-    return tl.load(table + c * segments + seg)
+def owned_block(table, block_seg, segments, FIRST: tl.constexpr, BLOCK: tl.constexpr):
+    """For a space where each segment takes whole blocks from the block in its column
+    ``FIRST`` on: this program's block, its segment (one load from the block -> segment
+    table ``block_seg``), and the ranks of the block's elements inside the segment."""
+    block = tl.program_id(0)
+    seg = tl.load(block_seg + block)
+    rank = (block - column(table, FIRST, segments, seg)).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    return block, seg, rank
 
 
 @triton.jit
@@ -116,11 +106,14 @@ def load_int(address, at, size, mask):
 @triton.jit
 def store_int(address, at, value, size, mask):
     """Store the low ``size`` bytes of int64 ``value`` as element ``at`` of the tensor at
-    ``address`` (``size`` 1, 2, 4 or 8)."""
-    tl.store(address.to(tl.pointer_type(tl.uint8)) + at, value.to(tl.uint8), mask=mask & (size == 1))
-    tl.store(address.to(tl.pointer_type(tl.int16)) + at, value.to(tl.int16), mask=mask & (size == 2))
-    tl.store(address.to(tl.pointer_type(tl.int32)) + at, value.to(tl.int32), mask=mask & (size == 4))
-    tl.store(address.to(tl.pointer_type(tl.int64)) + at, value, mask=mask & (size == 8))
+    ``address`` (``size`` 1, 2, 4 or 8; both may be scalars, as in ``load_int``)."""
+    tl.store(address.to(tl.pointer_type(tl.uint8)) + at, value.to(tl.uint8),
+             mask=tl.where(size == 1, mask, False))
+    tl.store(address.to(tl.pointer_type(tl.int16)) + at, value.to(tl.int16),
+             mask=tl.where(size == 2, mask, False))
+    tl.store(address.to(tl.pointer_type(tl.int32)) + at, value.to(tl.int32),
+             mask=tl.where(size == 4, mask, False))
+    tl.store(address.to(tl.pointer_type(tl.int64)) + at, value, mask=tl.where(size == 8, mask, False))
 
 
 @triton.jit

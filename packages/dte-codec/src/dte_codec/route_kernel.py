@@ -1,8 +1,10 @@
 """Triton kernels that route every changed element of a payload to its place in a shard's
 local tensors, and move values along those routes, one launch each for all entries.
 
-The flat space is the payload's sparse entries back to back (entry ``e`` owns positions
-``start[e] ..``; its element ``r`` is element ``indices[e][r]`` of its source tensor).
+The flat space is the payload's sparse entries back to back, each on whole blocks (entry
+``e`` owns the blocks from ``first_block[e]`` on; its element ``r`` is element
+``indices[e][r]`` of its source tensor), so a program reads its entry from a block ->
+entry table (``fields.block_segments``: one load, no search, no compile-time entry count).
 Per entry the ``entries`` table holds the address and item size of its index tensor, its
 source shape (right-aligned strides and sizes) and its run of transfers in the
 ``transfers`` table; per transfer: its target tensor, its source box per dimension and
@@ -20,16 +22,19 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .kernel_bits import block_positions, column, load_int, segment_of, store_int
+from .kernel_bits import column, load_int, owned_block, store_int
 
 BLOCK = 1024
-# columns of the per-entry table (then the strides, then the sizes of the source shape)
-START, INDEX_AT, INDEX_SIZE, NUMEL, FIRST, COUNT, ITEMSIZE, LOOKUP_AT, LOOKUP_DIM, SHAPE = (
+# columns of the per-entry table (then the strides and the sizes of the source shape, then
+# its element count and blocks)
+FIRST_BLOCK, INDEX_AT, INDEX_SIZE, NUMEL, FIRST, COUNT, ITEMSIZE, LOOKUP_AT, LOOKUP_DIM, SHAPE = (
     tl.constexpr(c) for c in range(10))
 # columns of the per-transfer table (then per dimension its weight, low and high bound)
 TENSOR, SHIFT, AFFINE = (tl.constexpr(c) for c in range(3))
 DIMS = tl.constexpr(3)
 """Source dimensions a route reads (shapes right-aligned to three)."""
+ELEMENTS = tl.constexpr(SHAPE + 2 * DIMS)
+BLOCKS = ELEMENTS.value + 1  # host-only
 # the flags ``_route`` counts
 OUT_OF_RANGE, TWICE = (tl.constexpr(c) for c in range(2))
 
@@ -71,12 +76,20 @@ def _affine_at(table, transfers, row, c0, c1, c2, mask):
             + c2 * tl.load(weights + 6 * transfers, mask=mask, other=0))
 
 
-@triton.jit(do_not_specialize=["segments", "total", "transfers"])
-def _route(entries, segments, total, table, transfers, lookup, tensor_out, flat_out, flags,
-           LOG: tl.constexpr, NARROW: tl.constexpr, BLOCK: tl.constexpr):
-    _, k, valid = block_positions(total, BLOCK)
-    seg = segment_of(entries, segments, k, LOG)
-    rank = k - _entry(entries, START, segments, seg)
+@triton.jit
+def _entry_block(entries, block_seg, segments, BLOCK: tl.constexpr):
+    """``owned_block``'s entry, per element (the transfers' loads take per-element rows and
+    masks), the ranks, the block's flat positions, and which of them hold an element."""
+    block, seg, rank = owned_block(entries, block_seg, segments, FIRST_BLOCK, BLOCK)
+    k = block.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    seg = seg + rank * 0
+    return seg, rank, k, rank < _entry(entries, ELEMENTS, segments, seg)
+
+
+@triton.jit(do_not_specialize=["segments", "transfers"])
+def _route(entries, block_seg, segments, table, transfers, lookup, tensor_out, flat_out, flags,
+           NARROW: tl.constexpr, BLOCK: tl.constexpr):
+    seg, rank, k, valid = _entry_block(entries, block_seg, segments, BLOCK)
     index = load_int(_entry(entries, INDEX_AT, segments, seg), rank,
                      _entry(entries, INDEX_SIZE, segments, seg), valid)
     held = valid & (index >= 0) & (index < _entry(entries, NUMEL, segments, seg))
@@ -114,12 +127,10 @@ def _route(entries, segments, total, table, transfers, lookup, tensor_out, flat_
     tl.atomic_add(flags + TWICE, tl.sum((hits > 1).to(tl.int64), 0))
 
 
-@triton.jit(do_not_specialize=["segments", "total"])
-def _move(entries, segments, total, addresses, tensor_of, flat_of, tensors, LOG: tl.constexpr,
+@triton.jit(do_not_specialize=["segments"])
+def _move(entries, block_seg, segments, addresses, tensor_of, flat_of, tensors,
           BLOCK: tl.constexpr, TO_VALUES: tl.constexpr):
-    _, k, valid = block_positions(total, BLOCK)
-    seg = segment_of(entries, segments, k, LOG)
-    rank = k - _entry(entries, START, segments, seg)
+    seg, rank, k, valid = _entry_block(entries, block_seg, segments, BLOCK)
     size = _entry(entries, ITEMSIZE, segments, seg)
     values = tl.load(addresses + seg, mask=valid, other=0)
     tensor = tl.load(tensor_of + k, mask=valid, other=-1)
@@ -132,17 +143,15 @@ def _move(entries, segments, total, addresses, tensor_of, flat_of, tensors, LOG:
         store_int(address, index, load_int(values, rank, size, routed), size, routed)
 
 
-def route(entries, segments: int, total: int, table, lookup, tensor_out, flat_out, flags, *,
-          log: int, narrow: bool) -> None:
-    """Launch ``_route`` over ``total`` elements of ``segments`` entries."""
-    _route[(triton.cdiv(total, BLOCK),)](entries, segments, total, table, table.shape[1],
-                                         lookup, tensor_out, flat_out, flags, LOG=log,
-                                         NARROW=narrow, BLOCK=BLOCK)
+def route(entries, block_seg, segments: int, table, lookup, tensor_out, flat_out, flags, *,
+          narrow: bool) -> None:
+    """Launch ``_route`` over the blocks of ``block_seg`` (``segments`` entries)."""
+    _route[(block_seg.numel(),)](entries, block_seg, segments, table, table.shape[1], lookup,
+                                 tensor_out, flat_out, flags, NARROW=narrow, BLOCK=BLOCK)
 
 
-def move(entries, segments: int, total: int, addresses, tensor_of, flat_of, tensors, *,
-         log: int, to_values: bool) -> None:
-    """Launch ``_move`` over ``total`` elements of ``segments`` entries."""
-    _move[(triton.cdiv(total, BLOCK),)](entries, segments, total, addresses, tensor_of,
-                                        flat_of, tensors, LOG=log, BLOCK=BLOCK,
-                                        TO_VALUES=to_values)
+def move(entries, block_seg, segments: int, addresses, tensor_of, flat_of, tensors, *,
+         to_values: bool) -> None:
+    """Launch ``_move`` over the blocks of ``block_seg`` (``segments`` entries)."""
+    _move[(block_seg.numel(),)](entries, block_seg, segments, addresses, tensor_of, flat_of,
+                                tensors, BLOCK=BLOCK, TO_VALUES=to_values)

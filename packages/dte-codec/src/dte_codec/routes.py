@@ -19,6 +19,7 @@ and the same new value; only the order of the (unique) writes differs.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Mapping, Sequence
 
@@ -26,7 +27,7 @@ import attrs
 import torch
 
 from .dispatch import on_device
-from .fields import host_table
+from .fields import block_segments, host_table
 from .flat_values import resolve_residues
 from .geometry import Transfer
 from .header import Entry, ValueEncoding
@@ -171,8 +172,8 @@ def stage_routed(routes: Routes, weights: Mapping[str, torch.Tensor],
     flags = torch.zeros(_FLAGS, dtype=torch.int64, device=device)
     if moves.total:
         with on_device(device):
-            kernel.route(moves.entries, len(entries), moves.total, routes.table,
-                         routes.lookup, moves.tensor_of, moves.flat_of, flags, log=moves.log,
+            kernel.route(moves.entries, moves.block_seg, len(entries), routes.table,
+                         routes.lookup, moves.tensor_of, moves.flat_of, flags,
                          narrow=routes.narrow)
     gathered = moves.gather()
     bases = moves.views(gathered)
@@ -195,9 +196,11 @@ def stage_routed(routes: Routes, weights: Mapping[str, torch.Tensor],
 @attrs.frozen
 class _Moves:
     """One payload's routes: the per-entry table, and per element its target tensor and
-    flat index; values travel in byte buffers laid entry by entry from word bounds."""
+    flat index (each entry on whole kernel blocks); values travel in byte buffers laid entry
+    by entry from word bounds."""
 
     entries: torch.Tensor
+    block_seg: torch.Tensor
     tensors: torch.Tensor
     targets: tuple[torch.Tensor, ...]
     tensor_of: torch.Tensor
@@ -207,36 +210,36 @@ class _Moves:
     dtypes: tuple[torch.dtype, ...]
     total: int
     nbytes: int
-    log: int
 
     @classmethod
     def of(cls, routes: Routes, weights: Mapping[str, torch.Tensor],
            entries: Sequence[tuple[Entry, torch.Tensor]]) -> _Moves:
         device = routes.table.device
+        from .route_kernel import BLOCK, BLOCKS
         counts = [i.numel() for _, i in entries]
-        starts, offsets, total, nbytes = [], [], 0, 0
-        for (entry, _), count in zip(entries, counts):
-            starts.append(total)
-            offsets.append(nbytes)
-            total += count
-            nbytes += -(-count * entry.dtype.itemsize // _WORD) * _WORD
+        blocks = [-(-count // BLOCK) for count in counts]
+        first_blocks = list(itertools.accumulate(blocks, initial=0))  # and their total last
+        offsets = list(itertools.accumulate(
+            (-(-count * entry.dtype.itemsize // _WORD) * _WORD
+             for (entry, _), count in zip(entries, counts)), initial=0))
+        total_blocks, nbytes = first_blocks.pop(), offsets.pop()
         sources = [routes.sources[e.name] for e, _ in entries]
-        columns = [starts, [i.data_ptr() for _, i in entries],
+        columns = [first_blocks, [i.data_ptr() for _, i in entries],
                    [i.element_size() for _, i in entries], [s.numel for s in sources],
                    [s.first for s in sources], [s.count for s in sources],
                    [e.dtype.itemsize for e, _ in entries], [s.lookup_at for s in sources],
                    [s.lookup_dim for s in sources]]
         columns += [[s.strides[d] for s in sources] for d in range(routes.dims)]
         columns += [[s.sizes[d] for s in sources] for d in range(routes.dims)]
+        table = host_table(columns + [counts, blocks], device)  # ELEMENTS, BLOCKS
         targets = tuple(weights[name] for name in routes.tensors)
-        return cls(entries=host_table(columns, device),
+        return cls(entries=table, block_seg=block_segments(table[BLOCKS], total_blocks),
                    tensors=host_table([[t.data_ptr() for t in targets]], device)[0],
                    targets=targets,
-                   tensor_of=torch.empty(total, dtype=torch.int32, device=device),
-                   flat_of=torch.empty(total, dtype=torch.int64, device=device),
+                   tensor_of=torch.empty(total_blocks * BLOCK, dtype=torch.int32, device=device),
+                   flat_of=torch.empty(total_blocks * BLOCK, dtype=torch.int64, device=device),
                    counts=tuple(counts), offsets=tuple(offsets),
-                   dtypes=tuple(e.dtype for e, _ in entries), total=total, nbytes=nbytes,
-                   log=max(len(entries) - 1, 0).bit_length())
+                   dtypes=tuple(e.dtype for e, _ in entries), total=sum(counts), nbytes=nbytes)
 
     def views(self, flat: torch.Tensor) -> list[torch.Tensor]:
         """Per entry, its values in the byte buffer ``flat`` (``gather``'s layout)."""
@@ -262,9 +265,9 @@ class _Moves:
         from . import route_kernel as kernel
         device = self.tensor_of.device
         with on_device(device):
-            kernel.move(self.entries, len(self.counts), self.total,
+            kernel.move(self.entries, self.block_seg, len(self.counts),
                         host_table([addresses], device)[0], self.tensor_of, self.flat_of,
-                        self.tensors, log=self.log, to_values=to_values)
+                        self.tensors, to_values=to_values)
 
 
 @attrs.frozen

@@ -1,7 +1,10 @@
 """Gathers and scatters of every sparse entry of a payload in one Triton launch each.
 
-Entry ``e`` of ``count[e]`` elements owns the flat positions ``start[e] ..`` of one flat
-space; its element ``r`` is element ``indices[e][r]`` of the tensor ``targets[e]``.
+Entry ``e`` of ``count[e]`` elements takes whole blocks of one block space from block
+``first_block[e]`` on, so a program reads its entry from a block -> entry table
+(``fields.block_segments``, built once per ``FlatEntries``: one load, no search, no
+compile-time entry count); its element ``r`` is element ``indices[e][r]`` of the tensor
+``targets[e]``.
 ``gather`` reads the targets into one byte buffer, entry by entry (an undo log, or the
 base values residues resolve against); ``scatter`` writes per entry a tensor of values,
 wherever each lives (resolved residues, raw sections of the body, an undo log). One
@@ -11,6 +14,7 @@ not one per entry.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 
 import torch
@@ -18,24 +22,24 @@ import triton
 import triton.language as tl
 
 from .dispatch import on_device
-from .fields import host_table
-from .kernel_bits import block_positions, column, load_int, segment_of, store_int
+from .fields import block_segments, host_table
+from .kernel_bits import column, load_int, owned_block, store_int
 
 BLOCK = 1024
 _INT64 = torch.int64
-_START = tl.constexpr(0)
+_FIRST_BLOCK = tl.constexpr(0)
 _TARGET_AT = tl.constexpr(1)
 _INDEX_AT = tl.constexpr(2)
 _SIZE = tl.constexpr(3)
-_FLAT_AT = tl.constexpr(4)
+_COUNT = tl.constexpr(4)
+_BLOCKS = 5  # host-only
+_FLAT_AT = tl.constexpr(6)
 
 
-@triton.jit(do_not_specialize=["segments", "total"])
-def _move(table, segments, total, LOG: tl.constexpr, BLOCK: tl.constexpr,
-          TO_FLAT: tl.constexpr):
-    _, k, valid = block_positions(total, BLOCK)
-    seg = segment_of(table, segments, k, LOG)
-    rank = k - column(table, _START, segments, seg)
+@triton.jit(do_not_specialize=["segments"])
+def _move(table, block_seg, segments, BLOCK: tl.constexpr, TO_FLAT: tl.constexpr):
+    _, seg, rank = owned_block(table, block_seg, segments, _FIRST_BLOCK, BLOCK)
+    valid = rank < column(table, _COUNT, segments, seg)
     size = column(table, _SIZE, segments, seg)
     index = tl.load(column(table, _INDEX_AT, segments, seg).to(tl.pointer_type(tl.int64)) + rank,
                     mask=valid, other=0)
@@ -55,17 +59,17 @@ class FlatEntries:
         self.targets, self.indices = list(targets), [i.contiguous() for i in indices]
         self.device = self.targets[0].device
         self.counts = [i.numel() for i in self.indices]
-        starts, offsets, at, nbytes = [], [], 0, 0
-        for count, target in zip(self.counts, self.targets):
-            starts.append(at)
-            offsets.append(nbytes)
-            at += count
-            nbytes += -(-count * target.element_size() // 8) * 8
-        self.offsets, self.total, self.nbytes = offsets, at, nbytes
-        self.log = max(len(self.counts) - 1, 0).bit_length()
-        self._columns = [starts, [t.data_ptr() for t in self.targets],
+        blocks = [triton.cdiv(count, BLOCK) for count in self.counts]
+        first_blocks = list(itertools.accumulate(blocks, initial=0))  # and their total last
+        offsets = list(itertools.accumulate(
+            (-(-count * target.element_size() // 8) * 8
+             for count, target in zip(self.counts, self.targets)), initial=0))
+        self.blocks, self.nbytes, self.offsets = first_blocks.pop(), offsets.pop(), offsets
+        self.total = sum(self.counts)
+        self._columns = [first_blocks, [t.data_ptr() for t in self.targets],
                          [i.data_ptr() for i in self.indices],
-                         [t.element_size() for t in self.targets]]
+                         [t.element_size() for t in self.targets], self.counts, blocks]
+        self._block_seg: torch.Tensor | None = None
 
     def views(self, flat: torch.Tensor) -> list[torch.Tensor]:
         """Per entry, its items of the byte buffer ``flat`` (``gather``'s layout) in its
@@ -90,7 +94,8 @@ class FlatEntries:
     def _launch(self, addresses: list[int], *, to_flat: bool) -> None:
         if self.total:
             table = host_table(self._columns + [addresses], self.device)
+            if self._block_seg is None:  # the gather and the scatter of a write share it
+                self._block_seg = block_segments(table[_BLOCKS], self.blocks)
             with on_device(self.device):
-                _move[(triton.cdiv(self.total, BLOCK),)](
-                    table, len(self.counts), self.total, LOG=self.log, BLOCK=BLOCK,
-                    TO_FLAT=to_flat)
+                _move[(self.blocks,)](table, self._block_seg, len(self.counts), BLOCK=BLOCK,
+                                      TO_FLAT=to_flat)

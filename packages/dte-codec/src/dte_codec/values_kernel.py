@@ -1,16 +1,20 @@
 """``flat_values.resolve_residues`` as three Triton launches over every residue entry.
 
-Entry ``e`` owns the flat positions ``start[e] ..`` of its carried values; its sections
-and base values are reached through their addresses. ``_escaped`` walks the escape lists
-(their own flat space): it marks each escaped element and writes its raw value.
-``_resolve`` walks the elements: an element's residue field is number ``rank - before``
-of its entry, ``before`` being the escapes ahead of it in the entry, which a per-block
-count of the marks and its prefix sum give without another pass. The new values go to
-one byte buffer, entry by entry, each entry at an 8-byte boundary.
+Entry ``e``'s carried values take whole blocks from block ``first_block[e]`` on, and its
+escape list whole blocks of a second block space, so a program reads its entry from a
+block -> entry table (``fields.block_segments``: one load, no search, no compile-time
+entry count). Its sections and base values are reached through their addresses.
+``_escaped`` walks the escape lists: it marks each escaped element and writes its raw
+value. ``_resolve`` walks the elements: an element's residue field is number
+``rank - before`` of its entry, ``before`` being the escapes ahead of it in the entry,
+which a per-block count of the marks and its prefix sum give without another pass (the
+marks of the padding past an entry's last element stay zero). The new values go to one
+byte buffer, entry by entry, each entry at an 8-byte boundary.
 """
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 
 import torch
@@ -18,14 +22,14 @@ import triton
 import triton.language as tl
 
 from .dispatch import on_device
-from .fields import host_table
+from .fields import block_segments, host_table
 from .header import Entry, index_itemsize
-from .kernel_bits import (block_positions, column, flags_before, from_order_key, get_fields,
-                          load_int, order_key, segment_of, store_int, width_mask)
+from .kernel_bits import (column, flags_before, from_order_key, get_fields, load_int, order_key,
+                          owned_block, store_int, width_mask)
 
 BLOCK = 1024
 _INT64 = torch.int64
-_START = tl.constexpr(0)
+_FIRST_BLOCK = tl.constexpr(0)
 _ESCAPE_START = tl.constexpr(1)
 _FIELDS_AT = tl.constexpr(2)
 _FIELDS_LAST = tl.constexpr(3)
@@ -36,31 +40,43 @@ _RAW_AT = tl.constexpr(7)
 _SIZE = tl.constexpr(8)
 _BASE_AT = tl.constexpr(9)
 _OUT_AT = tl.constexpr(10)
+_COUNT = tl.constexpr(11)
+_ESCAPES = tl.constexpr(12)
+_ESCAPE_FIRST_BLOCK = tl.constexpr(13)
+# host-only: each entry's blocks in the two block spaces
+_BLOCKS = 14
+_ESCAPE_BLOCKS = 15
 
 
-@triton.jit(do_not_specialize=["segments", "escapes"])
-def _escaped(table, segments, escapes, marks, LOG: tl.constexpr, BLOCK: tl.constexpr):
-    _, j, valid = block_positions(escapes, BLOCK)
-    # segments by their escape lists: column _ESCAPE_START holds each list's flat start
-    seg = segment_of(table + _ESCAPE_START * segments, segments, j, LOG)
-    rank = j - column(table, _ESCAPE_START, segments, seg)
-    count = column(table, _START, segments, seg + 1) - column(table, _START, segments, seg)
+@triton.jit
+def _entry_block(table, block_seg, segments, FIRST: tl.constexpr, COUNT: tl.constexpr,
+                 BLOCK: tl.constexpr):
+    """``owned_block``, and which of the block's items exist (column ``COUNT``)."""
+    block, seg, rank = owned_block(table, block_seg, segments, FIRST, BLOCK)
+    return block, seg, rank, rank < column(table, COUNT, segments, seg)
+
+
+@triton.jit(do_not_specialize=["segments"])
+def _escaped(table, block_seg, segments, marks, BLOCK: tl.constexpr):
+    _, seg, rank, valid = _entry_block(table, block_seg, segments, _ESCAPE_FIRST_BLOCK,
+                                       _ESCAPES, BLOCK)
+    count = column(table, _COUNT, segments, seg)
     position = load_int(column(table, _POSITIONS_AT, segments, seg), rank,
                         column(table, _POSITION_SIZE, segments, seg), valid)
     # decode validated the positions; clamping keeps a forged payload off device faults
     position = tl.minimum(tl.maximum(position, 0), count - 1)
-    tl.store(marks + column(table, _START, segments, seg) + position, 1, mask=valid)
+    tl.store(marks + column(table, _FIRST_BLOCK, segments, seg) * BLOCK + position, 1,
+             mask=valid)
     size = column(table, _SIZE, segments, seg)
     raw = load_int(column(table, _RAW_AT, segments, seg), rank, size, valid)
     store_int(column(table, _OUT_AT, segments, seg), position, raw, size, valid)
 
 
-@triton.jit(do_not_specialize=["segments", "total"])
-def _resolve(table, segments, total, marks, before, failures, LOG: tl.constexpr,
-             BLOCK: tl.constexpr):
-    block, k, valid = block_positions(total, BLOCK)
-    seg = segment_of(table, segments, k, LOG)
-    rank = k - column(table, _START, segments, seg)
+@triton.jit(do_not_specialize=["segments"])
+def _resolve(table, block_seg, segments, marks, before, failures, BLOCK: tl.constexpr):
+    block, seg, rank, valid = _entry_block(table, block_seg, segments, _FIRST_BLOCK, _COUNT,
+                                           BLOCK)
+    k = block.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     escaped = tl.load(marks + k, mask=valid, other=0).to(tl.int64)
     ahead = flags_before(before, block, escaped) - column(table, _ESCAPE_START, segments, seg)
     width = column(table, _WIDTH, segments, seg)
@@ -92,36 +108,36 @@ def resolve(entries: Sequence[Entry], sections: Sequence[tuple[torch.Tensor, ...
 def _resolve_all(entries: Sequence[Entry], sections: Sequence[tuple[torch.Tensor, ...]],
                  bases: Sequence[torch.Tensor]) -> tuple[list[torch.Tensor], torch.Tensor]:
     device = bases[0].device
-    starts, offsets, escape_starts, at, nbytes, escapes = [], [], [], 0, 0, 0
-    for entry in entries:
-        starts.append(at)
-        offsets.append(nbytes)
-        escape_starts.append(escapes)
-        at += entry.count
-        nbytes += -(-entry.count * entry.itemsize // 8) * 8
-        escapes += entry.value_escapes
-    total = at
+    counts = [e.count for e in entries]
+    escapes = [e.value_escapes for e in entries]
+    blocks, escape_blocks = ([triton.cdiv(n, BLOCK) for n in ns] for ns in (counts, escapes))
+    offsets = _starts([-(-e.count * e.itemsize // 8) * 8 for e in entries])
+    nbytes = offsets.pop()
     out = torch.empty(max(nbytes, 8), dtype=torch.uint8, device=device)
     fields, positions, raw = ([s[k] for s in sections] for k in range(3))
     bases = [b.contiguous() for b in bases]
     table = host_table([
-        starts + [total], escape_starts + [escapes],
-        [f.data_ptr() for f in fields] + [0], [max(-(-f.numel() // 8) - 1, 0) for f in fields] + [0],
-        [e.value_width for e in entries] + [1], [p.data_ptr() for p in positions] + [0],
-        [index_itemsize(e.count) for e in entries] + [4], [r.data_ptr() for r in raw] + [0],
-        [e.itemsize for e in entries] + [2], [b.data_ptr() for b in bases] + [0],
-        [out.data_ptr() + o for o in offsets] + [0]], device)
-    # one spare segment past the last marks where the last entry ends
-    segments, log = len(entries), len(entries).bit_length()
-    blocks = triton.cdiv(total, BLOCK)
-    marks = torch.zeros(blocks * BLOCK, dtype=torch.uint8, device=device)
-    if escapes:
-        _escaped[(triton.cdiv(escapes, BLOCK),)](table, segments + 1, escapes, marks, LOG=log,
-                                                BLOCK=BLOCK)
-    counts_per_block = marks.view(blocks, BLOCK).sum(1, dtype=_INT64)
+        _starts(blocks)[:-1], _starts(escapes)[:-1], [f.data_ptr() for f in fields],
+        [max(-(-f.numel() // 8) - 1, 0) for f in fields], [e.value_width for e in entries],
+        [p.data_ptr() for p in positions], [index_itemsize(e.count) for e in entries],
+        [r.data_ptr() for r in raw], [e.itemsize for e in entries],
+        [b.data_ptr() for b in bases], [out.data_ptr() + o for o in offsets], counts, escapes,
+        _starts(escape_blocks)[:-1], blocks, escape_blocks], device)
+    segments, total_blocks, total_escape_blocks = len(entries), sum(blocks), sum(escape_blocks)
+    marks = torch.zeros(total_blocks * BLOCK, dtype=torch.uint8, device=device)
+    if total_escape_blocks:
+        _escaped[(total_escape_blocks,)](
+            table, block_segments(table[_ESCAPE_BLOCKS], total_escape_blocks), segments, marks,
+            BLOCK=BLOCK)
+    counts_per_block = marks.view(total_blocks, BLOCK).sum(1, dtype=_INT64)
     before = torch.cumsum(counts_per_block, 0) - counts_per_block
-    failures = torch.zeros(blocks, dtype=_INT64, device=device)
-    _resolve[(blocks,)](table, segments + 1, total, marks, before, failures, LOG=log,
-                        BLOCK=BLOCK)
+    failures = torch.zeros(total_blocks, dtype=_INT64, device=device)
+    _resolve[(total_blocks,)](table, block_segments(table[_BLOCKS], total_blocks), segments,
+                              marks, before, failures, BLOCK=BLOCK)
     views = [out[o:o + e.count * e.itemsize].view(e.dtype) for e, o in zip(entries, offsets)]
     return views, failures.sum()
+
+
+def _starts(sizes: list[int]) -> list[int]:
+    """Exclusive prefix sums of ``sizes``, and their total last."""
+    return list(itertools.accumulate(sizes, initial=0))
