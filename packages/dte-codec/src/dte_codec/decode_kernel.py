@@ -192,8 +192,7 @@ def _decode(sparse: Sequence[tuple[Entry, list[int]]], rows: Sequence[tuple[int,
     segments, total_blocks = len(sparse), sum(blocks)
     block_seg = block_segments(table[_BLOCKS], total_blocks)
     out = torch.empty(sum(counts), dtype=_INT64, device=device)
-    per_block = torch.zeros(4, total_blocks, dtype=_INT64, device=device)
-    wides, sums, gap_failures, check_failures = per_block
+    wides, sums, gap_failures, check_failures = _rows(4, total_blocks, device)
     grid = (total_blocks,)
     args = (table, block_seg, segments)
     _fields[grid](*args, words, last, out, wides, BLOCK=BLOCK)
@@ -228,13 +227,20 @@ def _stream_pass(rows, table: torch.Tensor, words: torch.Tensor,
     streams = host_table([_starts(blocks), picks, word_at, [row[9] for _, row in picked],
                           stream_words, blocks], device)
     block_seg = block_segments(streams[_STREAM_BLOCKS], sum(blocks))
-    ones, bad = torch.zeros(2, sum(blocks), dtype=_INT64, device=device)
+    ones, bad = _rows(2, sum(blocks), device)
     grid = (sum(blocks),)
     args = (streams, block_seg, table, len(picked), len(rows), words, last)
     _stream[grid](*args, ones, ones, bad, out, BLOCK=BLOCK, WRITE=False)
     _stream[grid](*args, ones, _exclusive(ones), bad, out, BLOCK=BLOCK, WRITE=True)
     expected = table[_COUNT.value].index_select(0, streams[_STREAM_ENTRY.value])
     return (_per_entry(ones, streams[_STREAM_FIRST_BLOCK.value], streams[_STREAM_BLOCKS]) != expected).sum() + bad.sum()
+
+
+def _rows(count: int, length: int, device: torch.device) -> torch.Tensor:
+    """``count`` zeroed int64 rows of ``length``, each starting on a 16-byte boundary:
+    Triton specializes a pointer on that alignment, so rows of an odd length would compile
+    every kernel that takes them a second time."""
+    return torch.zeros(count, length + length % 2, dtype=_INT64, device=device)[:, :length]
 
 
 def _starts(sizes: list[int]) -> list[int]:
