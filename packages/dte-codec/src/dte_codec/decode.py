@@ -17,7 +17,7 @@ from .errors import DigestError, EntryError, HeaderError
 from .fields import batched
 from .frame import Frame
 from .flat_decode import SPARSE, decode_indices_flat
-from .header import Entry, Header, IndexEncoding, align, body_digest_of
+from .header import ALIGNMENT, Entry, Header, IndexEncoding, align, body_digest_of
 from .indices import decode_indices
 from .region import Box
 from .values import check_escapes
@@ -142,15 +142,20 @@ def _split(header: Header, segments: tuple[torch.Tensor, ...]
            ) -> list[tuple[torch.Tensor, ...]]:
     """Per entry, its sections: views of the segment that holds each (a section across
     segments is copied together)."""
-    bounds = list(itertools.accumulate((s.numel() for s in segments), initial=0))
-    out, pos = [], 0
-    for entry in header.entries:
-        sections = []
-        for size in entry.section_sizes():
-            sections.append(_section(segments, bounds, pos, size))
+    table = header.sections()
+    if len(segments) == 1:  # a delta's body: plain slices, no segment search
+        views, pos, body = [], 0, segments[0]
+        for size in table.sizes:
+            views.append(body[pos:pos + size])
+            pos += -(-size // ALIGNMENT) * ALIGNMENT
+    else:
+        bounds = list(itertools.accumulate((s.numel() for s in segments), initial=0))
+        views, pos = [], 0
+        for size in table.sizes:
+            views.append(_section(segments, bounds, pos, size))
             pos += align(size)
-        out.append(tuple(sections))
-    return out
+    found = iter(views)
+    return [tuple(itertools.islice(found, n)) for n in table.per_entry]
 
 
 def _section(segments: tuple[torch.Tensor, ...], bounds: list[int], start: int, size: int

@@ -12,11 +12,16 @@ import math
 import numbers
 import struct
 
+from typing import TYPE_CHECKING
+
 import attrs
 import torch
 import xxhash
 
 from .errors import DigestError, HeaderError
+
+if TYPE_CHECKING:
+    from .entry_table import EntryTable, Sections
 
 MAGIC = b"DTEP"
 CODEC_VERSION = 3
@@ -216,7 +221,15 @@ class Header:
 
     @functools.cached_property
     def _body_size(self) -> int:
-        return sum(e.body_bytes for e in self.entries)
+        return self._table.body_size()
+
+    def sections(self) -> Sections:
+        """Every entry's ``section_sizes``, in body order, computed for all at once."""
+        return self._table.sections
+
+    @functools.cached_property
+    def _table(self) -> EntryTable:
+        return _entry_table(self.entries)
 
     def validate(self) -> None:
         """Check header fields and every entry; raise ``HeaderError`` naming the field."""
@@ -232,7 +245,7 @@ class Header:
             _check(None, "base_version", f"0..{self.payload_version - 1} for a delta",
                    self.base_version, isinstance(self.base_version, numbers.Integral)
                    and 0 <= self.base_version < self.payload_version)
-        _validate_entries(self.entries, self.kind)
+        self._table.validate(self.kind)
 
     def pack(self) -> bytes:
         """Header bytes with zero digest fields, padded to the body's alignment."""
@@ -282,10 +295,10 @@ sync after sync, a receiver may serve a few streams; each costs O(entries) once.
 
 
 @functools.lru_cache(maxsize=TABLE_CACHE)
-def _validate_entries(entries: tuple[Entry, ...], kind: Kind) -> None:
-    """``Entry.validate`` of each entry; remembered only when all pass."""
-    for entry in entries:
-        entry.validate(kind)
+def _entry_table(entries: tuple[Entry, ...]) -> EntryTable:
+    from .entry_table import EntryTable  # it reads this module's Entry and enums
+
+    return EntryTable(entries)
 
 
 @functools.lru_cache(maxsize=TABLE_CACHE)
@@ -368,8 +381,11 @@ class _Reader:
         key = (bytes(self.data[self.pos:]), count)
         entries = _parsed_tables.get(key)
         if entries is None:
-            entries = tuple(self.entry() for _ in range(count))
-            _check(None, "header_length", self.pos, len(self.data), self.pos == len(self.data))
+            entries = _read_table(key[0], count)
+            if entries is None:  # some field is wrong: the field by field reading names it
+                entries = tuple(self.entry() for _ in range(count))
+                _check(None, "header_length", self.pos, len(self.data),
+                       self.pos == len(self.data))
             if len(_parsed_tables) >= TABLE_CACHE:
                 _parsed_tables.pop(next(iter(_parsed_tables)), None)  # oldest first
             _parsed_tables[key] = entries
@@ -391,3 +407,44 @@ class _Reader:
                      index_width=index_width, index_escapes=index_esc,
                      value_encoding=self.enum(ValueEncoding, value_enc, "value_encoding", name),
                      value_width=value_width, value_escapes=value_esc)
+
+
+_INDEX_ENCODINGS = {m.value: m for m in IndexEncoding}
+_VALUE_ENCODINGS = {m.value: m for m in ValueEncoding}
+
+
+@functools.cache
+def _dims(ndim: int) -> struct.Struct:
+    return struct.Struct(f"<{ndim}Q")
+
+
+def _read_table(table: bytes, count: int) -> tuple[Entry, ...] | None:
+    """The ``count`` entries that exactly fill ``table``, read in one pass without a
+    bounds check per field; ``None`` where ``_Reader.entry`` would raise (it is then
+    asked, to say why)."""
+    entries, pos, unpack = [], 0, _ENTRY_FIELDS.unpack_from
+    try:
+        for _ in range(count):
+            name_at = pos + _NAME_LENGTH.size
+            fields_at = name_at + _NAME_LENGTH.unpack_from(table, pos)[0]
+            (dtype, ndim, index_enc, value_enc, index_width, value_width, reserved, n,
+             index_esc, value_esc) = unpack(table, fields_at)
+            if dtype not in DTYPES or reserved or ndim > MAX_NDIM:
+                return None
+            pos = fields_at + _ENTRY_FIELDS.size
+            shape = _dims(ndim).unpack_from(table, pos)
+            pos += _DIM.size * ndim
+            index_encoding = _INDEX_ENCODINGS.get(index_enc)
+            value_encoding = _VALUE_ENCODINGS.get(value_enc)
+            if index_encoding is None or value_encoding is None or (
+                    shape and max(shape) >= 2**62):
+                return None
+            entries.append(Entry(
+                name=table[name_at:fields_at].decode(),
+                dtype=DTYPES[dtype], shape=shape, count=n, index_encoding=index_encoding,
+                index_width=index_width, index_escapes=index_esc,
+                value_encoding=value_encoding, value_width=value_width,
+                value_escapes=value_esc))
+    except (struct.error, UnicodeDecodeError):
+        return None
+    return tuple(entries) if pos == len(table) else None

@@ -1,0 +1,140 @@
+"""A header's entry table as columns: its validity and its section sizes for all entries
+at once.
+
+A delta's table differs from sync to sync (counts, encodings), so the header caches miss
+and each side checks and sizes the whole table every sync. ``Entry.validate`` and
+``Entry.section_sizes`` stay the definition: the columns are a fast path that answers
+"all valid" or gives way to them (which then raise the first failure, in order), and
+sizes are taken from them for tables the fast path cannot hold exactly.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Sequence
+
+import attrs
+import numpy as np
+
+from .header import (ALIGNMENT, BOX_FIELD_BYTES, INDEX32_LIMIT, MAX_NDIM, RESIDUE_DTYPES, Entry,
+                     IndexEncoding, Kind, ValueEncoding)
+
+EXACT_NUMEL = 2**40
+"""Largest tensor (exclusive) whose section sizes the columns compute: every size and
+their sum over up to ``EXACT_ENTRIES`` entries then stays far inside int64."""
+EXACT_ENTRIES = 2**20
+
+_SLOTS = 5
+"""Per entry: two index section slots, then three value section slots (-1: absent)."""
+
+
+@attrs.frozen
+class Sections:
+    """The unpadded byte sizes of every section of a table, in body order, and how many
+    sections each entry has."""
+
+    sizes: list[int]
+    per_entry: list[int]
+
+
+class EntryTable:
+    """The entries' fields as int64 columns (``None`` columns: a field beyond int64 or
+    not an integer, which only the per-entry path judges)."""
+
+    def __init__(self, entries: Sequence[Entry]):
+        self.entries = entries
+        self.columns = _columns(entries)
+        self._passed: set[Kind] = set()
+
+    def validate(self, kind: Kind) -> None:
+        """``Entry.validate(kind)`` of every entry, in order (remembered once passed)."""
+        if kind in self._passed:
+            return
+        if not self.valid(kind):
+            for entry in self.entries:
+                entry.validate(kind)
+        self._passed.add(kind)
+
+    def valid(self, kind: Kind) -> bool:
+        """Whether every entry passes ``Entry.validate(kind)`` (False also when the
+        columns cannot tell: the caller then asks the entries)."""
+        if self.columns is None:
+            return False
+        c = self.columns
+        n, numel, ie, ve = c["count"], c["numel"], c["index_encoding"], c["value_encoding"]
+        dense = ie == IndexEncoding.DENSE
+        block = dense | (ie == IndexEncoding.BOX)
+        residue = ve == ValueEncoding.RESIDUE
+        ok = ((c["ndim"] <= MAX_NDIM) & (numel < 2**62) & (n <= numel)
+              & (block | (kind == Kind.DELTA)) & (~dense | (n == numel)) & (dense | (n >= 1))
+              & (~block | (ve == ValueEncoding.RAW))
+              & ((ie != IndexEncoding.INT32) | (numel < INDEX32_LIMIT))
+              & (c["index_escapes"] <= n)
+              & ((ie == IndexEncoding.GAP8) | (c["index_escapes"] == 0))
+              & (c["index_width"] <= 62)
+              & ((ie == IndexEncoding.ELIAS_FANO) | (c["index_width"] == 0))
+              & (~residue | c["residue_dtype"])
+              & np.where(residue, (c["value_width"] >= 1)
+                         & (c["value_width"] <= c["itemsize"] * 8 - 1), c["value_width"] == 0)
+              & (c["value_escapes"] <= n) & (residue | (c["value_escapes"] == 0))
+              & (ie >= 0) & (ve >= 0) & (c["index_escapes"] >= 0) & (c["value_escapes"] >= 0)
+              & (c["index_width"] >= 0))
+        return bool(ok.all())
+
+    @functools.cached_property
+    def sections(self) -> Sections:
+        """``Entry.section_sizes`` of each entry, in order (from the columns for a valid
+        table of tensors under ``EXACT_NUMEL`` elements)."""
+        c = self.columns
+        if (not self.valid(Kind.DELTA) or len(self.entries) >= EXACT_ENTRIES
+                or (len(self.entries) and int(c["numel"].max()) >= EXACT_NUMEL)):
+            sizes = [e.section_sizes() for e in self.entries]
+            return Sections([s for entry in sizes for s in entry], [len(s) for s in sizes])
+        slots = _slots(c)
+        present = slots >= 0
+        return Sections(slots[present].tolist(), present.sum(axis=1).tolist())
+
+    def body_size(self) -> int:
+        """Bytes of all sections, each padded to the alignment."""
+        return sum(-(-s // ALIGNMENT) * ALIGNMENT for s in self.sections.sizes)
+
+
+def _columns(entries: Sequence[Entry]) -> dict[str, np.ndarray] | None:
+    fields = {name: [getattr(e, name) for e in entries] for name in (
+        "count", "index_encoding", "index_width", "index_escapes", "value_encoding",
+        "value_width", "value_escapes")}
+    fields["ndim"] = [len(e.shape) for e in entries]
+    fields["numel"] = [math.prod(e.shape) for e in entries]
+    columns = {}
+    for name, values in fields.items():
+        # numpy makes int64 of Python ints (and int enums) inside int64 and something
+        # else of anything else (larger ints, floats, None): those go the per-entry way
+        column = np.array(values) if values else np.zeros(0, np.int64)
+        if column.dtype != np.int64:
+            return None
+        columns[name] = column
+    dtypes = [e.dtype for e in entries]
+    columns["itemsize"] = np.array([d.itemsize for d in dtypes], dtype=np.int64)
+    columns["residue_dtype"] = np.array([d in RESIDUE_DTYPES for d in dtypes], dtype=bool)
+    return columns
+
+
+def _slots(c: dict[str, np.ndarray]) -> np.ndarray:
+    """(entries, ``_SLOTS``) section sizes, -1 where an entry has no such section."""
+    n, numel, ie, width = c["count"], c["numel"], c["index_encoding"], c["index_width"]
+    index_isz = np.where(numel < INDEX32_LIMIT, 4, 8)
+    ef_upper = n + ((np.maximum(numel, 1) - 1) >> width) + 1
+    first = np.select(
+        [ie == IndexEncoding.DENSE, ie == IndexEncoding.INT32, ie == IndexEncoding.INT64,
+         ie == IndexEncoding.BITMAP, ie == IndexEncoding.BOX, ie == IndexEncoding.GAP8],
+        [-1, n * 4, n * 8, -(-numel // 8), 2 * c["ndim"] * BOX_FIELD_BYTES, n],
+        -(-(n * width) // 8))
+    second = np.select([ie == IndexEncoding.GAP8, ie == IndexEncoding.ELIAS_FANO],
+                       [c["index_escapes"] * index_isz, -(-ef_upper // 8)], -1)
+    residue = c["value_encoding"] == ValueEncoding.RESIDUE
+    esc, itemsize = c["value_escapes"], c["itemsize"]
+    fields = -(-((n - esc) * c["value_width"]) // 8)
+    return np.stack([first, second, np.where(residue, fields, n * itemsize),
+                     np.where(residue, esc * np.where(n < INDEX32_LIMIT, 4, 8), -1),
+                     np.where(residue, esc * itemsize, -1)], axis=1)
