@@ -72,7 +72,8 @@ def test_columns_judge_and_size_every_entry_as_the_entry_does(seed):
     assert [len(e.section_sizes()) for e in valid] == table.sections.per_entry
     small = EntryTable(tuple(e for e in valid if e.numel < EXACT_NUMEL))
     assert small.sections.sizes == [s for e in small.entries for s in e.section_sizes()]
-    assert sum(e.body_bytes for e in valid) == table.body_size()
+    assert sum(e.body_bytes for e in valid) == table.sections.body_size
+    assert sum(e.body_bytes for e in small.entries) == small.sections.body_size
 
 
 @pytest.mark.parametrize("field", ["count", "index_escapes", "value_width"])

@@ -36,6 +36,8 @@ class Sections:
 
     sizes: list[int]
     per_entry: list[int]
+    body_size: int
+    """Bytes of all sections, each padded to the alignment."""
 
 
 class EntryTable:
@@ -90,14 +92,13 @@ class EntryTable:
         if (not self.valid(Kind.DELTA) or len(self.entries) >= EXACT_ENTRIES
                 or (len(self.entries) and int(c["numel"].max()) >= EXACT_NUMEL)):
             sizes = [e.section_sizes() for e in self.entries]
-            return Sections([s for entry in sizes for s in entry], [len(s) for s in sizes])
+            return Sections([s for entry in sizes for s in entry], [len(s) for s in sizes],
+                            sum(e.body_bytes for e in self.entries))
         slots = _slots(c)
         present = slots >= 0
-        return Sections(slots[present].tolist(), present.sum(axis=1).tolist())
-
-    def body_size(self) -> int:
-        """Bytes of all sections, each padded to the alignment."""
-        return sum(-(-s // ALIGNMENT) * ALIGNMENT for s in self.sections.sizes)
+        sizes = slots[present]
+        return Sections(sizes.tolist(), present.sum(axis=1).tolist(),
+                        int((-(-sizes // ALIGNMENT) * ALIGNMENT).sum()))
 
 
 def _columns(entries: Sequence[Entry]) -> dict[str, np.ndarray] | None:

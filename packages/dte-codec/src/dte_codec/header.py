@@ -221,7 +221,7 @@ class Header:
 
     @functools.cached_property
     def _body_size(self) -> int:
-        return self._table.body_size()
+        return self._table.sections.body_size
 
     def sections(self) -> Sections:
         """Every entry's ``section_sizes``, in body order, computed for all at once."""
@@ -312,11 +312,17 @@ _parsed_tables: dict[tuple[bytes, int], tuple[Entry, ...]] = {}
 
 def _pack_entry(entry: Entry) -> bytes:
     name = entry.name.encode()
-    fields = _ENTRY_FIELDS.pack(DTYPE_CODES[entry.dtype], len(entry.shape), entry.index_encoding,
-                                entry.value_encoding, entry.index_width, entry.value_width, 0,
-                                entry.count, entry.index_escapes, entry.value_escapes)
-    dims = b"".join(_DIM.pack(d) for d in entry.shape)
-    return _NAME_LENGTH.pack(len(name)) + name + fields + dims
+    return _entry_struct(len(name), len(entry.shape)).pack(
+        len(name), name, DTYPE_CODES[entry.dtype], len(entry.shape), entry.index_encoding,
+        entry.value_encoding, entry.index_width, entry.value_width, 0, entry.count,
+        entry.index_escapes, entry.value_escapes, *entry.shape)
+
+
+@functools.lru_cache(maxsize=4096)
+def _entry_struct(name_bytes: int, ndim: int) -> struct.Struct:
+    """An entry's name length, name, fields and dimensions, in one struct."""
+    return struct.Struct(f"{_NAME_LENGTH.format}{name_bytes}s{_ENTRY_FIELDS.format[1:]}"
+                         f"{ndim}{_DIM.format[1:]}")
 
 
 class _Reader:
