@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import math
+import operator
 from collections.abc import Sequence
 
 import attrs
@@ -101,20 +102,23 @@ class EntryTable:
                         int((-(-sizes // ALIGNMENT) * ALIGNMENT).sum()))
 
 
+_FIELDS = ("count", "index_encoding", "index_width", "index_escapes", "value_encoding",
+           "value_width", "value_escapes")
+_fields_of = operator.attrgetter(*_FIELDS)
+
+
 def _columns(entries: Sequence[Entry]) -> dict[str, np.ndarray] | None:
-    fields = {name: [getattr(e, name) for e in entries] for name in (
-        "count", "index_encoding", "index_width", "index_escapes", "value_encoding",
-        "value_width", "value_escapes")}
-    fields["ndim"] = [len(e.shape) for e in entries]
-    fields["numel"] = [math.prod(e.shape) for e in entries]
-    columns = {}
-    for name, values in fields.items():
-        # numpy makes int64 of Python ints (and int enums) inside int64 and something
-        # else of anything else (larger ints, floats, None): those go the per-entry way
-        column = np.array(values) if values else np.zeros(0, np.int64)
-        if column.dtype != np.int64:
-            return None
-        columns[name] = column
+    if not entries:
+        return {name: np.zeros(0, np.int64) for name in (*_FIELDS, "ndim", "numel", "itemsize")
+                } | {"residue_dtype": np.zeros(0, bool)}
+    # numpy makes int64 of Python ints (and int enums) inside int64 and something else of
+    # anything else (larger ints, floats, None): those entries go the per-entry way
+    fields = np.array([_fields_of(e) for e in entries])
+    shapes = np.array([(len(e.shape), math.prod(e.shape)) for e in entries])
+    if fields.dtype != np.int64 or shapes.dtype != np.int64:
+        return None
+    columns = dict(zip(_FIELDS, fields.T))
+    columns["ndim"], columns["numel"] = shapes.T
     dtypes = [e.dtype for e in entries]
     columns["itemsize"] = np.array([d.itemsize for d in dtypes], dtype=np.int64)
     columns["residue_dtype"] = np.array([d in RESIDUE_DTYPES for d in dtypes], dtype=bool)

@@ -229,7 +229,9 @@ class Header:
 
     @functools.cached_property
     def _table(self) -> EntryTable:
-        return _entry_table(self.entries)
+        # a delta's table differs from sync to sync: remembering it would cost a hash per
+        # entry and never hit
+        return (_entry_table if self.kind == Kind.FULL else _new_table)(self.entries)
 
     def validate(self) -> None:
         """Check header fields and every entry; raise ``HeaderError`` naming the field."""
@@ -249,7 +251,7 @@ class Header:
 
     def pack(self) -> bytes:
         """Header bytes with zero digest fields, padded to the body's alignment."""
-        table = _pack_table(self.entries)
+        table = (_pack_table if self.kind == Kind.FULL else _pack_entries)(self.entries)
         stream = self.stream_id.encode()
         length = _PRELUDE.size + len(stream) + len(table)
         prelude = _PRELUDE.pack(MAGIC, CODEC_VERSION, self.kind, 0, length, len(self.entries),
@@ -294,16 +296,20 @@ TABLE_CACHE = 8
 sync after sync, a receiver may serve a few streams; each costs O(entries) once."""
 
 
-@functools.lru_cache(maxsize=TABLE_CACHE)
-def _entry_table(entries: tuple[Entry, ...]) -> EntryTable:
+def _new_table(entries: tuple[Entry, ...]) -> EntryTable:
     from .entry_table import EntryTable  # it reads this module's Entry and enums
 
     return EntryTable(entries)
 
 
-@functools.lru_cache(maxsize=TABLE_CACHE)
-def _pack_table(entries: tuple[Entry, ...]) -> bytes:
-    return b"".join(_pack_entry(e) for e in entries)
+_entry_table = functools.lru_cache(maxsize=TABLE_CACHE)(_new_table)
+
+
+def _pack_entries(entries: tuple[Entry, ...]) -> bytes:
+    return b"".join([_pack_entry(e) for e in entries])
+
+
+_pack_table = functools.lru_cache(maxsize=TABLE_CACHE)(_pack_entries)
 
 
 _parsed_tables: dict[tuple[bytes, int], tuple[Entry, ...]] = {}
