@@ -68,10 +68,10 @@ def test_columns_judge_and_size_every_entry_as_the_entry_does(seed):
     assert any(e.numel >= EXACT_NUMEL for e in valid)  # sized by the entries themselves
     table = EntryTable(tuple(valid))
     assert table.valid(Kind.DELTA)
-    assert [s for e in valid for s in e.section_sizes()] == table.sections.sizes
-    assert [len(e.section_sizes()) for e in valid] == table.sections.per_entry
+    assert tuple(s for e in valid for s in e.section_sizes()) == table.sections.sizes
+    assert tuple(len(e.section_sizes()) for e in valid) == table.sections.per_entry
     small = EntryTable(tuple(e for e in valid if e.numel < EXACT_NUMEL))
-    assert small.sections.sizes == [s for e in small.entries for s in e.section_sizes()]
+    assert small.sections.sizes == tuple(s for e in small.entries for s in e.section_sizes())
     assert sum(e.body_bytes for e in valid) == table.sections.body_size
     assert sum(e.body_bytes for e in small.entries) == small.sections.body_size
 

@@ -26,17 +26,13 @@ EXACT_NUMEL = 2**40
 their sum over up to ``EXACT_ENTRIES`` entries then stays far inside int64."""
 EXACT_ENTRIES = 2**20
 
-_SLOTS = 5
-"""Per entry: two index section slots, then three value section slots (-1: absent)."""
-
-
 @attrs.frozen
 class Sections:
     """The unpadded byte sizes of every section of a table, in body order, and how many
     sections each entry has."""
 
-    sizes: list[int]
-    per_entry: list[int]
+    sizes: tuple[int, ...]
+    per_entry: tuple[int, ...]
     body_size: int
     """Bytes of all sections, each padded to the alignment."""
 
@@ -81,6 +77,7 @@ class EntryTable:
               & np.where(residue, (c["value_width"] >= 1)
                          & (c["value_width"] <= c["itemsize"] * 8 - 1), c["value_width"] == 0)
               & (c["value_escapes"] <= n) & (residue | (c["value_escapes"] == 0))
+              # negative fields (no reader makes them) are left to the entries to judge
               & (ie >= 0) & (ve >= 0) & (c["index_escapes"] >= 0) & (c["value_escapes"] >= 0)
               & (c["index_width"] >= 0))
         return bool(ok.all())
@@ -93,12 +90,12 @@ class EntryTable:
         if (not self.valid(Kind.DELTA) or len(self.entries) >= EXACT_ENTRIES
                 or (len(self.entries) and int(c["numel"].max()) >= EXACT_NUMEL)):
             sizes = [e.section_sizes() for e in self.entries]
-            return Sections([s for entry in sizes for s in entry], [len(s) for s in sizes],
+            return Sections(tuple(s for entry in sizes for s in entry), tuple(map(len, sizes)),
                             sum(e.body_bytes for e in self.entries))
         slots = _slots(c)
         present = slots >= 0
         sizes = slots[present]
-        return Sections(sizes.tolist(), present.sum(axis=1).tolist(),
+        return Sections(tuple(sizes.tolist()), tuple(present.sum(axis=1).tolist()),
                         int((-(-sizes // ALIGNMENT) * ALIGNMENT).sum()))
 
 
@@ -126,7 +123,8 @@ def _columns(entries: Sequence[Entry]) -> dict[str, np.ndarray] | None:
 
 
 def _slots(c: dict[str, np.ndarray]) -> np.ndarray:
-    """(entries, ``_SLOTS``) section sizes, -1 where an entry has no such section."""
+    """(entries, 5) section sizes: two index sections, then three value sections, -1
+    where an entry has no such section."""
     n, numel, ie, width = c["count"], c["numel"], c["index_encoding"], c["index_width"]
     index_isz = np.where(numel < INDEX32_LIMIT, 4, 8)
     ef_upper = n + ((np.maximum(numel, 1) - 1) >> width) + 1
