@@ -26,15 +26,14 @@ are not constants and the body's alignment (it may start at any word) is not spe
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
+import numpy as np
 import torch
 import triton
 import triton.language as tl
 
 from .dispatch import on_device
 from .fields import block_segments, host_table
-from .header import Entry, IndexEncoding
+from .header import IndexEncoding
 from .kernel_bits import (bit_length, column, flags_before, get_fields, owned_block,
                           shift_right, width_mask)
 
@@ -67,7 +66,6 @@ _E_INT64 = tl.constexpr(IndexEncoding.INT64.value)
 _E_GAP8 = tl.constexpr(IndexEncoding.GAP8.value)
 _E_ELIAS_FANO = tl.constexpr(IndexEncoding.ELIAS_FANO.value)
 _E_BITMAP = tl.constexpr(IndexEncoding.BITMAP.value)
-_STREAMED = (IndexEncoding.ELIAS_FANO, IndexEncoding.BITMAP)
 
 
 @triton.jit
@@ -216,35 +214,36 @@ def _check(table, block_seg, segments, out, failures, BLOCK: tl.constexpr):
     tl.store(failures + block, tl.sum(bad.to(tl.int64)))
 
 
-def decode(sparse: Sequence[tuple[Entry, list[int]]], rows: Sequence[tuple[int, ...]],
-           words: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def decode(rows: np.ndarray, counts: np.ndarray, words: torch.Tensor
+           ) -> tuple[torch.Tensor, torch.Tensor]:
     """Indices of the sparse entries back to back (int64) and the count of failed checks.
 
-    ``rows``: per entry ``flat_decode._row`` (encoding, first, stride, width, second,
-    escape_bits, low_width, numel, escapes, bit_limit); ``words``: the body as int64.
+    ``rows``: columns x entries, ``flat_decode._COLUMNS`` (encoding, first, stride, width,
+    second, escape_bits, low_width, numel, escapes, bit_limit); ``counts``: per entry its
+    element count; ``words``: the body as int64.
     """
     with on_device(words.device):
-        return _decode(sparse, rows, words)
+        return _decode(rows, counts, words)
 
 
-def _decode(sparse: Sequence[tuple[Entry, list[int]]], rows: Sequence[tuple[int, ...]],
-            words: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def _decode(rows: np.ndarray, counts: np.ndarray, words: torch.Tensor
+            ) -> tuple[torch.Tensor, torch.Tensor]:
     device, last = words.device, words.numel() - 1
-    counts = [entry.count for entry, _ in sparse]
-    blocks = [-(-n // BLOCK) for n in counts]
+    blocks = -(-counts // BLOCK)
     streams, stream_of, ones, stream_failures = _stream_pass(rows, counts, words)
-    columns = [_starts(blocks), _starts(counts), counts] + [list(c) for c in zip(*(
-        (row[7], row[0], row[1], row[2], row[3], row[4], row[5], row[6]) for row in rows))]
-    table = host_table(columns + [stream_of, blocks, [row[8] for row in rows]], device)
-    segments, total_blocks = len(sparse), sum(blocks)
+    enc, first, stride, width, second, escape_bits, low_width, numel, escapes, _ = rows
+    table = host_table(np.stack([_starts(blocks), _starts(counts), counts, numel, enc, first,
+                                 stride, width, second, escape_bits, low_width, stream_of,
+                                 blocks, escapes]), device)
+    segments, total_blocks = counts.size, int(blocks.sum())
     block_seg = block_segments(table[_BLOCKS], total_blocks)
-    out = torch.empty(sum(counts), dtype=_INT64, device=device)
+    out = torch.empty(int(counts.sum()), dtype=_INT64, device=device)
     wides, sums, gap_failures, check_failures = _rows(4, total_blocks, device)
     grid = (total_blocks,)
     args = (table, block_seg, segments)
     _fields[grid](*args, streams, streams.shape[1], ones, words, last, out, wides, BLOCK=BLOCK)
     failures = [stream_failures]
-    if any(row[0] == IndexEncoding.GAP8 for row in rows):
+    if (enc == IndexEncoding.GAP8).any():
         wide_before = _exclusive(wides)
         _gaps[grid](*args, words, last, wide_before, wide_before, sums, gap_failures, out,
                     BLOCK=BLOCK, WRITE=False)
@@ -258,36 +257,36 @@ def _decode(sparse: Sequence[tuple[Entry, list[int]]], rows: Sequence[tuple[int,
     return out, sum(failures)
 
 
-def _stream_pass(rows: Sequence[tuple[int, ...]], counts: list[int], words: torch.Tensor
-                 ) -> tuple[torch.Tensor, list[int], torch.Tensor, torch.Tensor]:
+def _stream_pass(rows: np.ndarray, counts: np.ndarray, words: torch.Tensor
+                 ) -> tuple[torch.Tensor, np.ndarray, torch.Tensor, torch.Tensor]:
     """The ``_stream`` launch over the Elias-Fano upper streams and bitmaps: the stream
     table, each entry's stream (0 for entries without one), per stream word slot the set
     bits before it (the ranks ``_fields`` searches), and the failed checks (set-bit counts,
     padding). Without streams the table is a placeholder that no program reads."""
     device, last = words.device, words.numel() - 1
-    picked = [k for k, row in enumerate(rows) if row[0] in _STREAMED]
-    stream_of = [0] * len(rows)
-    for s, k in enumerate(picked):
-        stream_of[k] = s
-    if not picked:
+    enc = rows[0]
+    is_ef = enc == IndexEncoding.ELIAS_FANO
+    picked = is_ef | (enc == IndexEncoding.BITMAP)
+    stream_of = np.where(picked, np.cumsum(picked) - 1, 0)
+    if not picked.any():
         zero = torch.zeros((), dtype=_INT64, device=device)
         return _rows(1, 2, device), stream_of, _rows(1, 2, device)[0], zero
-    picked_counts = [counts[k] for k in picked]
-    picked = [rows[k] for k in picked]
-    stream_words = [-(-row[9] // 64) for row in picked]
-    blocks = [-(-n // BLOCK) for n in stream_words]
-    word_at = [(row[4] if row[0] == IndexEncoding.ELIAS_FANO else row[1]) // 64 for row in picked]
-    streams = host_table([_starts(blocks), word_at, [row[9] for row in picked], stream_words,
-                          blocks, picked_counts], device)
-    total = sum(blocks)
+    limit = rows[9][picked]
+    stream_words = -(-limit // 64)
+    blocks = -(-stream_words // BLOCK)
+    word_at = np.where(is_ef, rows[4], rows[1])[picked] // 64
+    streams = host_table(np.stack([_starts(blocks), word_at, limit, stream_words, blocks,
+                                   counts[picked]]), device)
+    total = int(blocks.sum())
     block_seg = block_segments(streams[_STREAM_BLOCKS], total)
     ones = torch.empty(total * BLOCK, dtype=_INT64, device=device)
     bad = _rows(1, total, device)[0]
-    _stream[(total,)](streams, block_seg, len(picked), words, last, ones, bad, BLOCK=BLOCK)
+    _stream[(total,)](streams, block_seg, int(picked.sum()), words, last, ones, bad, BLOCK=BLOCK)
     seen = torch.cumsum(ones, 0)
     before = seen - ones
     first = streams[_STREAM_FIRST_BLOCK.value] * BLOCK
-    found = seen.index_select(0, first + streams[_STREAM_BLOCKS] * BLOCK - 1) - before.index_select(0, first)
+    found = (seen.index_select(0, first + streams[_STREAM_BLOCKS] * BLOCK - 1)
+             - before.index_select(0, first))
     return streams, stream_of, before, (found != streams[_STREAM_COUNT]).sum() + bad.sum()
 
 
@@ -298,12 +297,8 @@ def _rows(count: int, length: int, device: torch.device) -> torch.Tensor:
     return torch.zeros(count, length + length % 2, dtype=_INT64, device=device)[:, :length]
 
 
-def _starts(sizes: list[int]) -> list[int]:
-    starts, at = [], 0
-    for size in sizes:
-        starts.append(at)
-        at += size
-    return starts
+def _starts(sizes: np.ndarray) -> np.ndarray:
+    return np.cumsum(sizes) - sizes
 
 
 def _exclusive(counts: torch.Tensor) -> torch.Tensor:
