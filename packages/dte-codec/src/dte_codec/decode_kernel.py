@@ -97,17 +97,35 @@ def _last_at_most(before, lo, hi, target, steps):
 
 @triton.jit
 def _select(data, inside):
-    """The position of the ``inside``-th (0-based) set bit of each int64 ``data``: six
-    halvings, each skipping the low half when ``inside`` lies past its set bits."""
+    """The position of the ``inside``-th (0-based) set bit of each int64 ``data``.
+
+    The popcount's partial sums are kept: set bits per 2, 4, 8, 16 and 32 bits (each
+    count in the low bits of its field). From the whole word down, each level skips the
+    low half of the current field when ``inside`` lies past its set bits: six compares,
+    no popcount per level."""
+    pairs = data - (shift_right(data, data * 0 + 1) & 0x5555555555555555)
+    nibbles = ((pairs & 0x3333333333333333)
+               + (shift_right(pairs, pairs * 0 + 2) & 0x3333333333333333))
+    bytes_ = (nibbles + shift_right(nibbles, nibbles * 0 + 4)) & 0x0F0F0F0F0F0F0F0F
+    halves = bytes_ + shift_right(bytes_, bytes_ * 0 + 8)
+    words = halves + shift_right(halves, halves * 0 + 16)
     pos = data * 0
-    for i in tl.static_range(6):
-        half: tl.constexpr = 32 >> i
-        low = _popcount(data & ((1 << half) - 1))
-        up = inside >= low
-        inside = tl.where(up, inside - low, inside)
-        data = tl.where(up, shift_right(data, data * 0 + half), data)
-        pos += tl.where(up, half, 0)
+    pos, inside = _skip_low(words, pos, inside, 32)
+    pos, inside = _skip_low(halves, pos, inside, 16)
+    pos, inside = _skip_low(bytes_, pos, inside, 8)
+    pos, inside = _skip_low(nibbles, pos, inside, 4)
+    pos, inside = _skip_low(pairs, pos, inside, 2)
+    pos, _ = _skip_low(data, pos, inside, 1)
     return pos
+
+
+@triton.jit
+def _skip_low(counts, pos, inside, HALF: tl.constexpr):
+    """One level of ``_select``: past the low ``HALF`` bits of the field at ``pos`` when
+    ``inside`` is at least their set-bit count (in ``counts``' low bits at ``pos``)."""
+    low = shift_right(counts, pos) & (2 * HALF - 1)
+    up = inside >= low
+    return pos + tl.where(up, HALF, 0), tl.where(up, inside - low, inside)
 
 
 @triton.jit
