@@ -6,17 +6,15 @@ block -> entry table (one load, built once per payload by ``fields.block_segment
 search and no compile-time entry count), branches on the entry's encoding, and the prefix sum of per-block counts
 at an entry's first block is the entry's own base.
 
-* ``_fields``: INT32/INT64 indices are read straight into the output, Elias-Fano and
-  bitmap indices from their streams' set bits (after ``_stream``); GAP8 blocks count
-  their escape bytes.
+* ``_stream``, once over the words of every Elias-Fano upper stream and bitmap: the
+  per-word set-bit counts (and set padding bits). Their prefix sum ranks every set bit.
+* ``_fields``: INT32/INT64 indices are read straight into the output; GAP8 blocks count
+  their escape bytes; each Elias-Fano or bitmap element finds its own bit (``_select``):
+  a binary search of those ranks for its word, narrowed per block to the few words its
+  block's ranks span, then a select inside the word. Stores are coalesced, and no
+  program loops over the set bits of its words.
 * ``_gaps`` (only with GAP8 entries), twice: the per-block sums of the gaps (an escaped
   gap is read at its rank among the escape bytes), then each index as the prefix sum.
-* ``_stream``, once over the words of every Elias-Fano upper stream and bitmap: the
-  per-word set-bit counts (and set padding bits). Their prefix sum ranks every set bit;
-  ``_fields`` then finds each Elias-Fano or bitmap element's bit from the element's side
-  (``_select``): a binary search of those ranks for its word, narrowed per block to the
-  few words its block's ranks span, and a popcount select inside the word. Stores are
-  coalesced, and no program loops over the set bits of its words.
 * ``_check``: indices inside ``[0, numel)`` and strictly increasing.
 
 Every failed check is a count on the device; the caller reads their sum once. Nothing
