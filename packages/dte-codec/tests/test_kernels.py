@@ -17,7 +17,8 @@ import pytest
 import torch
 from codec_cases import (Change, HostReads, assert_apply_agrees, assert_corrupt_decodes_agree,
                          assert_decoders_agree, assert_encoders_agree, assert_residues_agree,
-                         tensor_and_change)
+                         assert_same_outcome, tensor_and_change)
+from forge import redigest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
@@ -115,9 +116,9 @@ def test_kernel_decoder_compiles_once_whatever_the_number_of_tensors():
     resolve and apply through one compiled variant of each decoder, residue and scatter
     kernel: no entry count is a compile-time constant."""
     from dte_codec import decode_kernel, scatter_kernel, values_kernel
-    # the count and write passes of _stream and _gaps are two variants (WRITE), and so
+    # the count and write passes of _gaps are two variants (WRITE), and so
     # are the gather of the undo log and the scatter of _move (TO_FLAT)
-    expected = {decode_kernel._fields: 1, decode_kernel._stream: 2, decode_kernel._gaps: 2,
+    expected = {decode_kernel._fields: 1, decode_kernel._stream: 1, decode_kernel._gaps: 2,
                 decode_kernel._check: 1, values_kernel._resolve: 1, values_kernel._escaped: 1,
                 scatter_kernel._move: 2}
     for kernel in expected:  # variants other tests compiled
@@ -282,37 +283,113 @@ def test_kernel_apply_bumps_the_version_counters():
     assert all(receiver[name]._version > version for name, version in before.items())
 
 
+def _forced(specs) -> tuple:
+    """A delta frame whose entries ``(name, indices, numel, encoding)`` carry their indices
+    in the given encoding, whether or not the encoder would pick it; and its header."""
+    from dte_codec.header import Entry, Header, IndexEncoding, Kind
+    from dte_codec.indices import _bitmap, _elias_fano
+    from dte_codec.parts import Part, assemble
+    parts = []
+    for name, at, numel, encoding in specs:
+        fields = {"index_encoding": encoding}
+        if encoding == IndexEncoding.INT64:
+            sections = (at.to(torch.int64).view(torch.uint8),)
+        else:
+            encoded = (_elias_fano if encoding == IndexEncoding.ELIAS_FANO else _bitmap)(at, numel)
+            assert encoding == encoded.encoding
+            fields["index_width"] = encoded.width
+            sections = encoded.sections
+        entry = Entry(name=name, dtype=torch.bfloat16, shape=(numel,), count=at.numel(), **fields)
+        values = torch.arange(at.numel()).bfloat16()
+        parts.append(Part(entry, sections + (values.view(torch.uint8),)))
+    frame = assemble(parts, stream_id="s", kind=Kind.DELTA, base_version=0, version=1)
+    return frame, Header.unpack_head(memoryview(frame.header), frame.body_size)
+
+
+def _assert_flat_decodes(specs) -> None:
+    """The kernels decode every entry of ``specs`` to exactly its indices, as the reference
+    does: one differing index fails."""
+    from dte_codec.flat_decode import decode_indices_flat
+    frame, header = _forced(specs)
+    with kernels():
+        flat = decode_indices_flat(header.entries, frame.body().to(DEVICE))
+    assert flat.valid()
+    expected = [at.tolist() for _, at, _, _ in specs]
+    assert expected == [i.tolist() for i in flat.indices]
+    assert expected == [i.tolist() for i in decode_per_entry(frame).indices]
+
+
 def test_kernel_decoder_reads_encodings_the_encoder_never_picks():
     """Elias-Fano with no low bits (L = 0) and INT64 indices of a small tensor are legal
     payloads that the encoder never writes (a bitmap or INT32 is smaller): decoded by the
     kernels to the reference's indices."""
-    from dte_codec.flat_decode import decode_indices_flat
-    from dte_codec.header import Entry, Header, IndexEncoding, Kind
+    from dte_codec.header import IndexEncoding
     from dte_codec.indices import _elias_fano
-    from dte_codec.parts import Part, assemble
-    dense = torch.arange(3, 700, 3)  # 233 of 700
     many = torch.cat([torch.arange(0, 400), torch.arange(401, 700)])  # 699 of 700
-    parts = []
-    for name, at, numel in (("ef", many, 700), ("wide", dense, 700)):
-        values = torch.randn(at.numel()).bfloat16()
-        if name == "ef":
-            encoded = _elias_fano(at, numel)
-            assert 0 == encoded.width
-            fields = {"index_encoding": IndexEncoding.ELIAS_FANO, "index_width": 0}
-            sections = encoded.sections
-        else:
-            fields = {"index_encoding": IndexEncoding.INT64}
-            sections = (at.to(torch.int64).view(torch.uint8),)
-        entry = Entry(name=name, dtype=torch.bfloat16, shape=(numel,), count=at.numel(),
-                      **fields)
-        parts.append(Part(entry, sections + (values.view(torch.uint8),)))
-    frame = assemble(parts, stream_id="s", kind=Kind.DELTA, base_version=0, version=1)
-    header = Header.unpack_head(memoryview(frame.header), frame.body_size)
-    with kernels():
-        flat = decode_indices_flat(header.entries, frame.body().to(DEVICE))
-    assert flat.valid()
-    assert [many.tolist(), dense.tolist()] == [i.tolist() for i in flat.indices]
-    assert [many.tolist(), dense.tolist()] == [i.tolist() for i in decode_per_entry(frame).indices]
+    assert 0 == _elias_fano(many, 700).width
+    _assert_flat_decodes([("ef", many, 700, IndexEncoding.ELIAS_FANO),
+                          ("wide", torch.arange(3, 700, 3), 700, IndexEncoding.INT64)])
+
+
+def _streams() -> dict:
+    """Elias-Fano upper streams and bitmaps the element-side select must walk: long runs of
+    set bits, runs of empty words, streams of more than one kernel block of words, and
+    entries whose element counts sit on both sides of block edges."""
+    from dte_codec.header import IndexEncoding
+    ef, bitmap = IndexEncoding.ELIAS_FANO, IndexEncoding.BITMAP
+    gen = torch.Generator().manual_seed(5)
+    half = torch.nonzero(torch.rand(70000, generator=gen) < 0.5).flatten()
+    holes = torch.cat([torch.arange(0, 700), torch.arange(9000, 9300), torch.tensor([69999])])
+    return {
+        "runs": [("run", torch.arange(0, 5000), 6000, ef),  # L = 0, 5,000 bits set in a row
+                 ("cluster", torch.cat([torch.arange(100, 2600), torch.arange(90000, 90500)]),
+                  100000, ef)],
+        "empty words": [("far", torch.cat([torch.arange(0, 2000),
+                                           torch.arange(999990, 1000000)]), 1000000, ef),
+                        ("holes", holes, 70000, bitmap)],
+        "many blocks": [("half", half, 70000, bitmap),  # 1,094 stream words
+                        ("spread", torch.arange(0, 2000000, 50), 2000000, ef)],  # 1,602 words
+        "block edges": [(f"{kind.name}{n}", torch.arange(0, 3 * n, 3), 3 * n + 5, kind)
+                        for n in (1, 1023, 1024, 1025, 2049) for kind in (ef, bitmap)],
+    }
+
+
+@pytest.mark.parametrize("name", list(_streams()))
+def test_kernel_decoder_selects_the_set_bits_of_every_stream(name):
+    """Elias-Fano and bitmap entries whose set bits come in long runs, behind empty words,
+    across kernel blocks of words and of elements: exactly the reference's indices."""
+    _assert_flat_decodes(_streams()[name])
+
+
+@pytest.mark.parametrize("name", list(_streams()))
+def test_kernel_decoder_rejects_corrupt_streams_as_the_reference(name):
+    """Per stream of each entry: a set bit cleared (too few), a set bit moved (as many,
+    other indices), a padding bit set past the stream's end: the reference's error or
+    payload, never an index read out of the body."""
+    from dte_codec.header import IndexEncoding, align
+    frame, header = _forced(_streams()[name])
+    data = bytes(frame)
+    body, at = len(data) - header.body_size(), 0
+    for entry in header.entries:
+        sizes = entry.section_sizes()
+        stream = 1 if entry.index_encoding == IndexEncoding.ELIAS_FANO else 0
+        start = body + at + sum(align(size) for size in sizes[:stream])
+        end = start + sizes[stream]
+        at += sum(align(size) for size in sizes)
+        first = next(k for k in range(start, end) if data[k])
+        padding = (end - start) * 8 - {IndexEncoding.ELIAS_FANO: entry.count + (
+            (entry.numel - 1) >> entry.index_width) + 1, IndexEncoding.BITMAP: entry.numel}[
+            entry.index_encoding]
+        edits = [{first: data[first] & (data[first] - 1)},
+                 {first: data[first] & (data[first] - 1), end - 1: data[end - 1] | 0x80}]
+        if padding:  # bits past the stream's limit inside its last byte
+            edits.append({end - 1: data[end - 1] | 0x80})
+        for edit in edits:
+            payload = bytearray(data)
+            for k, byte in edit.items():
+                payload[k] = byte
+            with kernels():
+                assert_same_outcome(redigest(payload), DEVICE)
 
 
 if importlib.util.find_spec("triton") is not None:

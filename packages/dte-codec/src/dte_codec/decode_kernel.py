@@ -6,13 +6,15 @@ block -> entry table (one load, built once per payload by ``fields.block_segment
 search and no compile-time entry count), branches on the entry's encoding, and the prefix sum of per-block counts
 at an entry's first block is the entry's own base.
 
+* ``_stream``, once over the words of every Elias-Fano upper stream and bitmap: the
+  per-word set-bit counts (and set padding bits). Their prefix sum ranks every set bit.
 * ``_fields``: INT32/INT64 indices are read straight into the output; GAP8 blocks count
-  their escape bytes.
+  their escape bytes; each Elias-Fano or bitmap element finds its own bit (``_select``):
+  a binary search of those ranks for its word, narrowed per block to the few words its
+  block's ranks span, then a select inside the word. Stores are coalesced, and no
+  program loops over the set bits of its words.
 * ``_gaps`` (only with GAP8 entries), twice: the per-block sums of the gaps (an escaped
   gap is read at its rank among the escape bytes), then each index as the prefix sum.
-* ``_stream``, twice over the words of every Elias-Fano upper stream and bitmap: the
-  per-word set-bit counts (and set padding bits), then each word hands its set bits to
-  the elements whose rank they are, with the low bits for Elias-Fano.
 * ``_check``: indices inside ``[0, numel)`` and strictly increasing.
 
 Every failed check is a count on the device; the caller reads their sum once. Nothing
@@ -22,17 +24,16 @@ are not constants and the body's alignment (it may start at any word) is not spe
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
+import numpy as np
 import torch
 import triton
 import triton.language as tl
 
 from .dispatch import on_device
 from .fields import block_segments, host_table
-from .header import Entry, IndexEncoding
-from .kernel_bits import (column, flags_before, get_fields, owned_block, shift_right,
-                          width_mask)
+from .header import IndexEncoding
+from .kernel_bits import (bit_length, column, flags_before, get_fields, owned_block,
+                          shift_right, width_mask)
 
 BLOCK = 1024
 _INT64 = torch.int64
@@ -47,19 +48,22 @@ _WIDTH = tl.constexpr(7)
 _SECOND = tl.constexpr(8)
 _ESCAPE_BITS = tl.constexpr(9)
 _LOW_WIDTH = tl.constexpr(10)
+_STREAM = tl.constexpr(11)
 # host-only columns: an entry's blocks and its GAP8 escape count
-_BLOCKS = 11
-_ESCAPES = 12
+_BLOCKS = 12
+_ESCAPES = 13
 _STREAM_FIRST_BLOCK = tl.constexpr(0)
-_STREAM_ENTRY = tl.constexpr(1)
-_STREAM_WORD = tl.constexpr(2)
-_STREAM_LIMIT = tl.constexpr(3)
-_STREAM_WORDS = tl.constexpr(4)
-_STREAM_BLOCKS = 5  # host-only
+_STREAM_WORD = tl.constexpr(1)
+_STREAM_LIMIT = tl.constexpr(2)
+_STREAM_WORDS = tl.constexpr(3)
+# host-only columns: a stream's blocks and its entry's element count
+_STREAM_BLOCKS = 4
+_STREAM_COUNT = 5
 _E_INT32 = tl.constexpr(IndexEncoding.INT32.value)
 _E_INT64 = tl.constexpr(IndexEncoding.INT64.value)
 _E_GAP8 = tl.constexpr(IndexEncoding.GAP8.value)
 _E_ELIAS_FANO = tl.constexpr(IndexEncoding.ELIAS_FANO.value)
+_E_BITMAP = tl.constexpr(IndexEncoding.BITMAP.value)
 
 
 @triton.jit
@@ -76,20 +80,98 @@ def _popcount(x):
     return shift_right(x * 0x0101010101010101, x * 0 + 56)
 
 
-@triton.jit(do_not_specialize=["segments", "last"],
+@triton.jit
+def _last_at_most(before, lo, hi, target, steps):
+    """The last slot in ``[lo, hi]`` whose ``before`` (non-decreasing) is at most
+    ``target``, given that ``before[lo]`` is; ``steps`` halvings of ``hi - lo`` (its bit
+    length) reach it. Scalars or blocks alike; every load stays inside ``[lo, hi]``."""
+    for _ in range(steps):
+        mid = (lo + hi + 1) // 2
+        ok = tl.load(before + mid) <= target
+        lo = tl.where(ok, mid, lo)
+        hi = tl.where(ok, hi, mid - 1)
+    return lo
+
+
+@triton.jit
+def _select(data, inside):
+    """The position of the ``inside``-th (0-based) set bit of each int64 ``data``.
+
+    The popcount's partial sums are kept: set bits per 2, 4, 8, 16 and 32 bits (each
+    count in the low bits of its field). From the whole word down, each level skips the
+    low half of the current field when ``inside`` lies past its set bits: six compares,
+    no popcount per level."""
+    pairs = data - (shift_right(data, data * 0 + 1) & 0x5555555555555555)
+    nibbles = ((pairs & 0x3333333333333333)
+               + (shift_right(pairs, pairs * 0 + 2) & 0x3333333333333333))
+    bytes_ = (nibbles + shift_right(nibbles, nibbles * 0 + 4)) & 0x0F0F0F0F0F0F0F0F
+    halves = bytes_ + shift_right(bytes_, bytes_ * 0 + 8)
+    words = halves + shift_right(halves, halves * 0 + 16)
+    pos = data * 0
+    pos, inside = _skip_low(words, pos, inside, 32)
+    pos, inside = _skip_low(halves, pos, inside, 16)
+    pos, inside = _skip_low(bytes_, pos, inside, 8)
+    pos, inside = _skip_low(nibbles, pos, inside, 4)
+    pos, inside = _skip_low(pairs, pos, inside, 2)
+    pos, _ = _skip_low(data, pos, inside, 1)
+    return pos
+
+
+@triton.jit
+def _skip_low(counts, pos, inside, HALF: tl.constexpr):
+    """One level of ``_select``: past the low ``HALF`` bits of the field at ``pos`` when
+    ``inside`` is at least their set-bit count (in ``counts``' low bits at ``pos``)."""
+    low = shift_right(counts, pos) & (2 * HALF - 1)
+    up = inside >= low
+    return pos + tl.where(up, HALF, 0), tl.where(up, inside - low, inside)
+
+
+@triton.jit
+def _stream_keep(limit, base):
+    """The bits of the word at stream bit ``base`` that lie before the stream's
+    ``limit``."""
+    return width_mask(tl.minimum(tl.maximum(limit - base, 0), 64))
+
+
+@triton.jit(do_not_specialize=["segments", "stream_count", "last"],
             do_not_specialize_on_alignment=["words"])
-def _fields(table, block_seg, segments, words, last, out, wides, BLOCK: tl.constexpr):
+def _fields(table, block_seg, segments, streams, stream_count, before, words, last, out, wides,
+            BLOCK: tl.constexpr):
     block, seg, rank = _entry_block(table, block_seg, segments, BLOCK)
     enc = column(table, _ENC, segments, seg)
-    valid = rank < column(table, _COUNT, segments, seg)
+    count = column(table, _COUNT, segments, seg)
+    valid = rank < count
     pos = column(table, _FIRST, segments, seg) + rank * column(table, _STRIDE, segments, seg)
     width = tl.where(valid, column(table, _WIDTH, segments, seg), 0)
+    at = out + column(table, _START, segments, seg) + rank
     if (enc == _E_INT32) | (enc == _E_INT64):
-        value = get_fields(words, pos, width, last)
-        tl.store(out + column(table, _START, segments, seg) + rank, value, mask=valid)
+        tl.store(at, get_fields(words, pos, width, last), mask=valid)
     if enc == _E_GAP8:
         wide = valid & (get_fields(words, pos, width, last) == 0)
         tl.store(wides + block, tl.sum(wide.to(tl.int64)))
+    if (enc == _E_ELIAS_FANO) | (enc == _E_BITMAP):
+        # the entry's k-th element is the k-th set bit of its stream, whose words sit in
+        # the slots [first, end] of the per-word rank table ``before``
+        s = column(table, _STREAM, segments, seg)
+        first = column(streams, _STREAM_FIRST_BLOCK, stream_count, s) * BLOCK
+        end = first + column(streams, _STREAM_WORDS, stream_count, s) - 1
+        base = tl.load(before + first)
+        head = base + tl.min(rank)
+        lo = _last_at_most(before, first, end, head, bit_length(end - first))
+        tail = base + tl.minimum(tl.max(rank), count - 1)
+        hi = _last_at_most(before, lo, end, tail, bit_length(end - lo))
+        target = base + tl.minimum(rank, count - 1)
+        slot = _last_at_most(before, lo + rank * 0, hi + rank * 0, target, bit_length(hi - lo))
+        word_base = (slot - first) * 64
+        word = tl.load(words + tl.minimum(column(streams, _STREAM_WORD, stream_count, s)
+                                          + slot - first, last), mask=valid, other=0)
+        data = word & _stream_keep(column(streams, _STREAM_LIMIT, stream_count, s), word_base)
+        inside = tl.minimum(tl.maximum(target - tl.load(before + slot), 0), 63)
+        bit = word_base + _select(data, inside)
+        low_width = tl.where(enc == _E_ELIAS_FANO, column(table, _LOW_WIDTH, segments, seg), 0)
+        low = get_fields(words, pos, tl.where(valid, low_width, 0), last)
+        index = tl.where(enc == _E_ELIAS_FANO, ((bit - rank) << low_width) | low, bit)
+        tl.store(at, index, mask=valid)
 
 
 @triton.jit(do_not_specialize=["segments", "last"],
@@ -119,43 +201,21 @@ def _gaps(table, block_seg, segments, words, last, wide_before, gap_before, sums
             tl.store(failures + block, tl.sum(bad.to(tl.int64)))
 
 
-@triton.jit(do_not_specialize=["segments", "entries", "last"],
+@triton.jit(do_not_specialize=["segments", "last"],
             do_not_specialize_on_alignment=["words"])
-def _stream(streams, block_seg, table, segments, entries, words, last, counts, before,
-            failures, out, BLOCK: tl.constexpr, WRITE: tl.constexpr):
+def _stream(streams, block_seg, segments, words, last, ones, failures, BLOCK: tl.constexpr):
     block, s, rank = _entry_block(streams, block_seg, segments, BLOCK)
     inside = rank < column(streams, _STREAM_WORDS, segments, s)
     word = tl.load(words + tl.minimum(column(streams, _STREAM_WORD, segments, s) + rank, last),
                    mask=inside, other=0)
     limit = column(streams, _STREAM_LIMIT, segments, s)
     base = rank * 64
-    keep = width_mask(tl.minimum(tl.maximum(limit - base, 0), 64))
+    keep = _stream_keep(limit, base)
     # bits past the limit inside the stream's bytes must be zero; the section's padding
     # bytes after them are not checked (FORMAT.md)
     padded = width_mask(tl.minimum(tl.maximum(((limit + 7) // 8) * 8 - base, 0), 64))
-    data = word & keep
-    ones = _popcount(data)
-    if WRITE:
-        entry = column(streams, _STREAM_ENTRY, segments, s)
-        count = column(table, _COUNT, entries, entry)
-        start = column(table, _START, entries, entry)
-        low_width = column(table, _LOW_WIDTH, entries, entry)
-        is_ef = column(table, _ENC, entries, entry) == _E_ELIAS_FANO
-        first_low = column(table, _FIRST, entries, entry)
-        r = flags_before(before, block, ones) - tl.load(before + column(streams, 0, segments, s))
-        for _ in range(tl.max(ones)):
-            lowest = data & -data
-            bit = base + _popcount(lowest - 1)
-            found = (data != 0) & (r < count)
-            low = get_fields(words, first_low + r * low_width,
-                             tl.where(found & is_ef, low_width, 0), last)
-            index = tl.where(is_ef, ((bit - r) << low_width) | low, bit)
-            tl.store(out + start + r, index, mask=found)
-            data ^= lowest
-            r += 1
-    else:
-        tl.store(counts + block, tl.sum(ones))
-        tl.store(failures + block, tl.sum(((word & padded & ~keep) != 0).to(tl.int64)))
+    tl.store(ones + block * BLOCK + tl.arange(0, BLOCK), _popcount(word & keep))
+    tl.store(failures + block, tl.sum(((word & padded & ~keep) != 0).to(tl.int64)))
 
 
 @triton.jit(do_not_specialize=["segments"])
@@ -170,34 +230,36 @@ def _check(table, block_seg, segments, out, failures, BLOCK: tl.constexpr):
     tl.store(failures + block, tl.sum(bad.to(tl.int64)))
 
 
-def decode(sparse: Sequence[tuple[Entry, list[int]]], rows: Sequence[tuple[int, ...]],
-           words: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def decode(rows: np.ndarray, counts: np.ndarray, words: torch.Tensor
+           ) -> tuple[torch.Tensor, torch.Tensor]:
     """Indices of the sparse entries back to back (int64) and the count of failed checks.
 
-    ``rows``: per entry ``flat_decode._row`` (encoding, first, stride, width, second,
-    escape_bits, low_width, numel, escapes, bit_limit); ``words``: the body as int64.
+    ``rows``: columns x entries, ``flat_decode._COLUMNS`` (encoding, first, stride, width,
+    second, escape_bits, low_width, numel, escapes, bit_limit); ``counts``: per entry its
+    element count; ``words``: the body as int64.
     """
     with on_device(words.device):
-        return _decode(sparse, rows, words)
+        return _decode(rows, counts, words)
 
 
-def _decode(sparse: Sequence[tuple[Entry, list[int]]], rows: Sequence[tuple[int, ...]],
-            words: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def _decode(rows: np.ndarray, counts: np.ndarray, words: torch.Tensor
+            ) -> tuple[torch.Tensor, torch.Tensor]:
     device, last = words.device, words.numel() - 1
-    counts = [entry.count for entry, _ in sparse]
-    blocks = [triton.cdiv(n, BLOCK) for n in counts]
-    columns = [_starts(blocks), _starts(counts), counts] + [list(c) for c in zip(*(
-        (row[7], row[0], row[1], row[2], row[3], row[4], row[5], row[6]) for row in rows))]
-    table = host_table(columns + [blocks, [row[8] for row in rows]], device)  # _BLOCKS, _ESCAPES
-    segments, total_blocks = len(sparse), sum(blocks)
+    blocks = -(-counts // BLOCK)
+    streams, stream_of, ones, stream_failures = _stream_pass(rows, counts, words)
+    enc, first, stride, width, second, escape_bits, low_width, numel, escapes, _ = rows
+    table = host_table(np.stack([_starts(blocks), _starts(counts), counts, numel, enc, first,
+                                 stride, width, second, escape_bits, low_width, stream_of,
+                                 blocks, escapes]), device)
+    segments, total_blocks = counts.size, int(blocks.sum())
     block_seg = block_segments(table[_BLOCKS], total_blocks)
-    out = torch.empty(sum(counts), dtype=_INT64, device=device)
+    out = torch.empty(int(counts.sum()), dtype=_INT64, device=device)
     wides, sums, gap_failures, check_failures = _rows(4, total_blocks, device)
     grid = (total_blocks,)
     args = (table, block_seg, segments)
-    _fields[grid](*args, words, last, out, wides, BLOCK=BLOCK)
-    failures = [_stream_pass(rows, table, words, out)]
-    if any(row[0] == IndexEncoding.GAP8 for row in rows):
+    _fields[grid](*args, streams, streams.shape[1], ones, words, last, out, wides, BLOCK=BLOCK)
+    failures = [stream_failures]
+    if (enc == IndexEncoding.GAP8).any():
         wide_before = _exclusive(wides)
         _gaps[grid](*args, words, last, wide_before, wide_before, sums, gap_failures, out,
                     BLOCK=BLOCK, WRITE=False)
@@ -211,29 +273,37 @@ def _decode(sparse: Sequence[tuple[Entry, list[int]]], rows: Sequence[tuple[int,
     return out, sum(failures)
 
 
-def _stream_pass(rows, table: torch.Tensor, words: torch.Tensor,
-                 out: torch.Tensor) -> torch.Tensor:
-    """Both ``_stream`` launches over the Elias-Fano upper streams and bitmaps; failures."""
+def _stream_pass(rows: np.ndarray, counts: np.ndarray, words: torch.Tensor
+                 ) -> tuple[torch.Tensor, np.ndarray, torch.Tensor, torch.Tensor]:
+    """The ``_stream`` launch over the Elias-Fano upper streams and bitmaps: the stream
+    table, each entry's stream (0 for entries without one), per stream word slot the set
+    bits before it (the ranks ``_fields`` searches), and the failed checks (set-bit counts,
+    padding). Without streams the table is a placeholder that no program reads."""
     device, last = words.device, words.numel() - 1
-    picked = [(k, row) for k, row in enumerate(rows)
-              if row[0] in (IndexEncoding.ELIAS_FANO, IndexEncoding.BITMAP)]
-    if not picked:
-        return torch.zeros((), dtype=_INT64, device=device)
-    stream_words = [-(-row[9] // 64) for _, row in picked]
-    blocks = [triton.cdiv(n, BLOCK) for n in stream_words]
-    word_at = [(row[4] if row[0] == IndexEncoding.ELIAS_FANO else row[1]) // 64
-               for _, row in picked]
-    picks = [k for k, _ in picked]
-    streams = host_table([_starts(blocks), picks, word_at, [row[9] for _, row in picked],
-                          stream_words, blocks], device)
-    block_seg = block_segments(streams[_STREAM_BLOCKS], sum(blocks))
-    ones, bad = _rows(2, sum(blocks), device)
-    grid = (sum(blocks),)
-    args = (streams, block_seg, table, len(picked), len(rows), words, last)
-    _stream[grid](*args, ones, ones, bad, out, BLOCK=BLOCK, WRITE=False)
-    _stream[grid](*args, ones, _exclusive(ones), bad, out, BLOCK=BLOCK, WRITE=True)
-    expected = table[_COUNT.value].index_select(0, streams[_STREAM_ENTRY.value])
-    return (_per_entry(ones, streams[_STREAM_FIRST_BLOCK.value], streams[_STREAM_BLOCKS]) != expected).sum() + bad.sum()
+    enc = rows[0]
+    is_ef = enc == IndexEncoding.ELIAS_FANO
+    picked = is_ef | (enc == IndexEncoding.BITMAP)
+    stream_of = np.where(picked, np.cumsum(picked) - 1, 0)
+    if not picked.any():
+        zero = torch.zeros((), dtype=_INT64, device=device)
+        return _rows(1, 2, device), stream_of, _rows(1, 2, device)[0], zero
+    limit = rows[9][picked]
+    stream_words = -(-limit // 64)
+    blocks = -(-stream_words // BLOCK)
+    word_at = np.where(is_ef, rows[4], rows[1])[picked] // 64
+    streams = host_table(np.stack([_starts(blocks), word_at, limit, stream_words, blocks,
+                                   counts[picked]]), device)
+    total = int(blocks.sum())
+    block_seg = block_segments(streams[_STREAM_BLOCKS], total)
+    ones = torch.empty(total * BLOCK, dtype=_INT64, device=device)
+    bad = _rows(1, total, device)[0]
+    _stream[(total,)](streams, block_seg, int(picked.sum()), words, last, ones, bad, BLOCK=BLOCK)
+    seen = torch.cumsum(ones, 0)
+    before = seen - ones
+    first = streams[_STREAM_FIRST_BLOCK.value] * BLOCK
+    found = (seen.index_select(0, first + streams[_STREAM_BLOCKS] * BLOCK - 1)
+             - before.index_select(0, first))
+    return streams, stream_of, before, (found != streams[_STREAM_COUNT]).sum() + bad.sum()
 
 
 def _rows(count: int, length: int, device: torch.device) -> torch.Tensor:
@@ -243,12 +313,8 @@ def _rows(count: int, length: int, device: torch.device) -> torch.Tensor:
     return torch.zeros(count, length + length % 2, dtype=_INT64, device=device)[:, :length]
 
 
-def _starts(sizes: list[int]) -> list[int]:
-    starts, at = [], 0
-    for size in sizes:
-        starts.append(at)
-        at += size
-    return starts
+def _starts(sizes: np.ndarray) -> np.ndarray:
+    return np.cumsum(sizes) - sizes
 
 
 def _exclusive(counts: torch.Tensor) -> torch.Tensor:

@@ -10,25 +10,30 @@ escape positions) becomes a count of failures on the device; ``FlatIndices.valid
 reads them with one host synchronization. When a check fails, the caller decodes entry
 by entry to raise the reference's error. Where the kernels run (``dispatch.fused``) the
 index work is a handful of Triton launches instead (``decode_kernel``), same indices and
-same failure counts.
+same failure counts. On the host, one pass of Python reads each entry's header fields
+into numpy columns (``_Layout``); section offsets and the entry tables are array
+arithmetic from there.
 """
 
 from __future__ import annotations
 
 import functools
+import itertools
 from collections.abc import Sequence
 
 import attrs
+import numpy as np
 import torch
 
 from .bits import BYTE_BITS
 from .dispatch import fused
 from .fields import Segments, host_table, read_fields
-from .header import Entry, IndexEncoding, ValueEncoding, align, index_itemsize
+from .header import ALIGNMENT, INDEX32_LIMIT, Entry, IndexEncoding, ValueEncoding
 from .indices import GAP_ESCAPE, MAX_GAP_BYTE
 
 SPARSE = frozenset({IndexEncoding.INT32, IndexEncoding.INT64, IndexEncoding.BITMAP,
                     IndexEncoding.GAP8, IndexEncoding.ELIAS_FANO})
+_SPARSE_CODES = np.array([int(e) for e in SPARSE], dtype=np.int64)
 _INT64 = torch.int64
 
 
@@ -47,66 +52,102 @@ class FlatIndices:
 
 def decode_indices_flat(entries: Sequence[Entry], body: torch.Tensor) -> FlatIndices:
     """Indices of every sparse entry of ``entries`` from ``body`` (uint8, 8-byte multiple)."""
-    starts, offset = [], 0
-    for entry in entries:
-        entry_starts = []
-        for size in entry.section_sizes():
-            entry_starts.append(offset * BYTE_BITS)
-            offset += align(size)
-        starts.append(entry_starts)
+    layout = _Layout.of(entries)
     words = body.view(_INT64) if body.numel() else torch.zeros(1, dtype=_INT64,
                                                                device=body.device)
-    sparse = [(e, s) for e, s in zip(entries, starts) if e.index_encoding in SPARSE]
-    failures = [_escape_failures(entries, starts, words)]
-    if not sparse:
+    failures = [_escape_failures(layout, words)]
+    rows, counts = layout.sparse_rows()
+    if not counts.size:
         return FlatIndices((), sum(failures))
     if fused(body.device):
         from .decode_kernel import decode
-        flat, index_failures = decode(sparse, [_row(e, s) for e, s in sparse], words)
+        flat, index_failures = decode(rows, counts, words)
     else:
-        segs = Segments.of([e.count for e, _ in sparse], body.device)
-        table = host_table([list(c) for c in zip(*(_row(e, s) for e, s in sparse))],
-                           body.device)
-        flat, index_failures = _Decoder(segs, table, words, body).run(sparse)
+        segs = Segments.of(counts.tolist(), body.device)
+        flat, index_failures = _Decoder(segs, rows, host_table(rows, body.device), words,
+                                        body).run()
     failures.append(index_failures)
-    return FlatIndices(tuple(flat.split([e.count for e, _ in sparse])), sum(failures))
+    return FlatIndices(tuple(flat.split(counts.tolist())), sum(failures))
 
 
 _COLUMNS = ("encoding", "first", "stride", "width", "second", "escape_bits", "low_width",
             "numel", "escapes", "bit_limit")
+_INDEX_SECTIONS = {IndexEncoding.DENSE: 0, IndexEncoding.INT32: 1, IndexEncoding.INT64: 1,
+                   IndexEncoding.BITMAP: 1, IndexEncoding.BOX: 1, IndexEncoding.GAP8: 2,
+                   IndexEncoding.ELIAS_FANO: 2}
+_STRIDES = {IndexEncoding.INT32: 32, IndexEncoding.INT64: 64, IndexEncoding.GAP8: BYTE_BITS}
 
 
-def _row(entry: Entry, starts: list[int]) -> tuple[int, ...]:
-    enc, numel = entry.index_encoding, entry.numel
-    raw_bits = index_itemsize(numel) * BYTE_BITS
-    second = starts[1] if len(entry.index_sections()) > 1 else starts[0]
-    stride, width, limit = {
-        IndexEncoding.INT32: (32, 32, 0),
-        IndexEncoding.INT64: (64, 64, 0),
-        IndexEncoding.GAP8: (BYTE_BITS, BYTE_BITS, 0),
-        IndexEncoding.ELIAS_FANO: (entry.index_width, entry.index_width,
-                                   entry.count + ((max(numel, 1) - 1) >> entry.index_width) + 1),
-        IndexEncoding.BITMAP: (0, 0, numel),
-    }[enc]
-    return (int(enc), starts[0], stride, width, second, raw_bits, entry.index_width, numel,
-            entry.index_escapes, limit)
+@attrs.frozen
+class _Layout:
+    """Per entry of a payload, as numpy columns: its header fields and the body bit
+    offsets of its first, second and residue escape-position sections. One pass of
+    Python over the entries reads their fields; the rest is array arithmetic."""
+
+    encoding: np.ndarray
+    count: np.ndarray
+    numel: np.ndarray
+    width: np.ndarray
+    escapes: np.ndarray
+    value_escapes: np.ndarray
+    residue: np.ndarray
+    """Whether the entry's values are residues with escapes (a position section)."""
+    first: np.ndarray
+    second: np.ndarray
+    positions: np.ndarray
+
+    @classmethod
+    def of(cls, entries: Sequence[Entry]) -> _Layout:
+        sizes = [e.section_sizes() for e in entries]
+        fields = np.array([(e.index_encoding, e.count, e.numel, e.index_width, e.index_escapes,
+                            e.value_escapes, e.value_encoding == ValueEncoding.RESIDUE,
+                            _INDEX_SECTIONS[e.index_encoding]) for e in entries],
+                          dtype=np.int64).reshape(-1, 8).T
+        lengths = np.fromiter(map(len, sizes), dtype=np.int64, count=len(sizes))
+        flat = np.fromiter(itertools.chain.from_iterable(sizes), dtype=np.int64,
+                           count=int(lengths.sum()))
+        padded = -(-flat // ALIGNMENT) * ALIGNMENT
+        offsets = (np.cumsum(padded) - padded) * BYTE_BITS
+        head = np.cumsum(lengths) - lengths
+        end = head + lengths - 1
+        index_sections = fields[7]
+        # clamped to the entry's own sections: only entries that have the section use it
+        return cls(*fields[:6], fields[6].astype(bool) & (fields[5] > 0), offsets[head],
+                   np.where(index_sections > 1, offsets[np.minimum(head + 1, end)],
+                            offsets[head]),
+                   offsets[np.minimum(head + index_sections + 1, end)])
+
+    def sparse_rows(self) -> tuple[np.ndarray, np.ndarray]:
+        """The ``_COLUMNS`` rows of the sparse entries (columns x entries), and their
+        element counts."""
+        pick = np.isin(self.encoding, _SPARSE_CODES)
+        enc, numel, width = self.encoding[pick], self.numel[pick], self.width[pick]
+        is_ef = enc == IndexEncoding.ELIAS_FANO
+        stride = np.select([enc == code for code in _STRIDES], list(_STRIDES.values()),
+                           np.where(is_ef, width, 0))
+        limit = np.where(is_ef, self.count[pick] + ((np.maximum(numel, 1) - 1) >> width) + 1,
+                         np.where(enc == IndexEncoding.BITMAP, numel, 0))
+        raw_bits = np.where(numel < INDEX32_LIMIT, 32, 64)
+        rows = np.stack([enc, self.first[pick], stride, stride, self.second[pick], raw_bits,
+                         width, numel, self.escapes[pick], limit])
+        return rows, self.count[pick]
 
 
 class _Decoder:
-    def __init__(self, segs: Segments, table: torch.Tensor, words: torch.Tensor,
-                 body: torch.Tensor):
-        self.segs, self.table, self.words, self.body = segs, table, words, body
+    def __init__(self, segs: Segments, rows: np.ndarray, table: torch.Tensor,
+                 words: torch.Tensor, body: torch.Tensor):
+        self.segs, self.rows, self.table, self.words, self.body = segs, rows, table, words, body
 
     def col(self, name: str) -> torch.Tensor:
         return self.segs.spread(self.table[_COLUMNS.index(name)])
 
-    def run(self, sparse: list[tuple[Entry, list[int]]]) -> tuple[torch.Tensor, torch.Tensor]:
+    def run(self) -> tuple[torch.Tensor, torch.Tensor]:
         segs, rank = self.segs, self.segs.rank
         enc = self.col("encoding")
         first = read_fields(self.words, self.col("first") + rank * self.col("stride"),
                             self.col("width"))
         gap_idx, gap_failures = self._gaps(enc == IndexEncoding.GAP8, first)
-        high, bit_failures = self._set_bits(sparse)
+        high, bit_failures = self._set_bits()
         idx = torch.where(enc == IndexEncoding.GAP8, gap_idx, first)
         idx = torch.where(enc == IndexEncoding.ELIAS_FANO, (high << self.col("low_width")) | first,
                           idx)
@@ -130,8 +171,7 @@ class _Decoder:
         out_of_range = wide & ((escaped <= MAX_GAP_BYTE) | (escaped > self.col("numel")))
         return idx, counts.sum() + out_of_range.sum()
 
-    def _set_bits(self, sparse: list[tuple[Entry, list[int]]]
-                  ) -> tuple[torch.Tensor, torch.Tensor]:
+    def _set_bits(self) -> tuple[torch.Tensor, torch.Tensor]:
         """Elias-Fano upper streams and bitmaps: per element, its high part (Elias-Fano)
         or index (bitmap), and failed checks (set-bit counts, padding).
 
@@ -141,22 +181,20 @@ class _Decoder:
         table lookup inside the byte.
         """
         device, total = self.body.device, self.segs.total
-        rows, stream_of = [], []
-        for (entry, entry_starts), first in zip(sparse, self.segs.starts):
-            enc = entry.index_encoding
-            is_ef = enc == IndexEncoding.ELIAS_FANO
-            if is_ef or enc == IndexEncoding.BITMAP:
-                limit = _row(entry, entry_starts)[-1]
-                stream_of.append(len(rows))
-                rows.append((-(-limit // BYTE_BITS), limit, entry.count, int(is_ef),
-                             entry_starts[1 if is_ef else 0] // BYTE_BITS))
-            else:
-                stream_of.append(0)
+        enc = self.rows[0]
+        is_ef = enc == IndexEncoding.ELIAS_FANO
+        picked = is_ef | (enc == IndexEncoding.BITMAP)
+        limit = self.rows[9][picked]
+        # per stream: bytes, bit limit, expected set bits, Elias-Fano, first byte
+        rows = np.stack([-(-limit // BYTE_BITS), limit, np.asarray(self.segs.counts)[picked],
+                         is_ef[picked], np.where(is_ef, self.rows[4], self.rows[1])[picked]
+                         // BYTE_BITS]).T
+        stream_of = np.where(picked, np.cumsum(picked) - 1, 0)
         zero = torch.zeros((), dtype=_INT64, device=device)
-        if not rows:
+        if not rows.size:
             return torch.zeros(total, dtype=_INT64, device=device), zero
-        streams = Segments.of([r[0] for r in rows], device)
-        table = host_table([list(c) for c in zip(*rows)], device)
+        streams = Segments.of(rows[:, 0].tolist(), device)
+        table = host_table(rows.T, device)
         at = (streams.spread(table[4]) + streams.rank).clamp(max=self.body.numel() - 1)
         data = self.body.index_select(0, at).to(_INT64)
         kept = (streams.spread(table[1]) - streams.rank * BYTE_BITS).clamp(0, BYTE_BITS)
@@ -167,7 +205,7 @@ class _Decoder:
         seen = torch.cumsum(ones, 0)
         wrong = (streams.sums(ones) != table[2]).sum() + padding.sum()
         # per element: its stream, and the global rank of the set bit it is
-        stream = self.segs.spread(host_table([stream_of], device)[0])
+        stream = self.segs.spread(host_table(stream_of[None], device)[0])
         first_byte = streams.bounds[0].index_select(0, stream)
         rank = self.segs.rank
         target = (seen - ones).index_select(0, first_byte) + rank
@@ -191,19 +229,17 @@ def _byte_tables(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     return host_table([popcount], device)[0], host_table([select], device)[0]
 
 
-def _escape_failures(entries: Sequence[Entry], starts: list[list[int]],
-                     words: torch.Tensor) -> torch.Tensor:
+def _escape_failures(layout: _Layout, words: torch.Tensor) -> torch.Tensor:
     """Residue escape positions that are out of ``[0, count)`` or not increasing."""
-    rows = [(e.count, s[len(e.index_sections()) + 1], index_itemsize(e.count) * BYTE_BITS,
-             e.value_escapes) for e, s in zip(entries, starts)
-            if e.value_encoding == ValueEncoding.RESIDUE and e.value_escapes]
-    if not rows:
+    pick = layout.residue
+    if not pick.any():
         return torch.zeros((), dtype=_INT64, device=words.device)
-    segs = Segments.of([r[3] for r in rows], words.device)
-    table = host_table([list(c) for c in zip(*rows)], words.device)
+    count = layout.count[pick]
+    segs = Segments.of(layout.value_escapes[pick].tolist(), words.device)
+    table = host_table(np.stack([count, layout.positions[pick],
+                                 np.where(count < INDEX32_LIMIT, 32, 64)]), words.device)
     count, start, bits = (segs.spread(table[k]) for k in range(3))
     positions = read_fields(words, start + segs.rank * bits, bits)
     previous = segs.previous(positions, -1)
     bad = (positions < 0) | (positions >= count) | ((segs.rank > 0) & (positions <= previous))
     return bad.sum()
-
