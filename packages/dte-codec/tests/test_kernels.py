@@ -77,8 +77,25 @@ def _across_blocks() -> list:
              Change(torch.tensor([6]), *(torch.zeros(1, dtype=torch.float16),) * 2))]
 
 
+def _residue_widths() -> list:
+    """bf16 tensors of three kernel blocks whose residues need up to 3, 5, ..., 15 bits
+    (widths that do not divide 64, so fields straddle words), with escapes at the blocks'
+    first and last elements: each tensor's residue fields start mid-word."""
+    gen = torch.Generator().manual_seed(7)
+    cases = []
+    for width in range(3, 16, 2):
+        tensor = torch.randn(5000, generator=gen).bfloat16()
+        at = torch.arange(0, 5000, 2)
+        step = torch.randint(0, 1 << (width - 1), (at.numel(),), generator=gen)
+        step[[0, 1023, 1024, 2047, 2048, 2499]] = 1 << (width + 3)
+        base = (tensor[at].view(torch.int16).to(torch.int64) - step).to(torch.int16)
+        cases.append((tensor, Change(at, *(base.view(torch.bfloat16),) * 2)))
+    return cases
+
+
 @EXAMPLES
 @given(st.lists(tensor_and_change(), max_size=6))
+@example(_residue_widths())
 @example(EDGES[0])
 @example(_across_blocks())
 @example(EDGES[1])
@@ -339,7 +356,8 @@ if importlib.util.find_spec("triton") is not None:
                    tl.where(valid, 0, (k - n + 1) * tl.load(width)),
                    tl.load(value + k, mask=valid, other=0), tl.load(width), valid, BLOCK)
 
-PUT_BLOCK = 16
+PUT_BLOCKS = (16, 128)
+"""Blocks of one prefix-sum row (``kernel_bits.SCAN_ROW``) and of two."""
 PACKED_BLOCK = 64
 """64 fields of any width that divides 64 fill whole words: each block starts a word."""
 WIDTHS = (0, 1, 5, 8, 16, 33, 63, 64)
@@ -387,13 +405,14 @@ def test_put_fields_writes_the_words_of_the_torch_writer(sections, lead):
     """Every word equals the torch writer's (which adds field by field), whatever the
     widths, escapes and block edges; fields of a section never reach the next one."""
     parts, expected = _laid_out(sections, lead)
-    words = torch.zeros_like(expected, device=DEVICE)
-    for pos, value, width in parts:
-        if pos.numel():
-            _put[(triton.cdiv(pos.numel(), PUT_BLOCK),)](
-                words, pos.to(DEVICE), value.to(DEVICE), width.to(DEVICE), pos.numel(),
-                BLOCK=PUT_BLOCK)
-    assert expected.tolist() == words.cpu().tolist()
+    for block in PUT_BLOCKS:
+        words = torch.zeros_like(expected, device=DEVICE)
+        for pos, value, width in parts:
+            if pos.numel():
+                _put[(triton.cdiv(pos.numel(), block),)](
+                    words, pos.to(DEVICE), value.to(DEVICE), width.to(DEVICE), pos.numel(),
+                    BLOCK=block)
+        assert expected.tolist() == words.cpu().tolist()
 
 
 @settings(max_examples=40 if CUDA else 10, deadline=None)
@@ -415,3 +434,4 @@ def test_put_packed_writes_the_words_of_the_torch_writer(sections, lead):
                 words, pos.to(DEVICE), value.to(DEVICE),
                 torch.tensor([width], device=DEVICE), pos.numel(), BLOCK=PACKED_BLOCK)
     assert expected.tolist() == words.cpu().tolist()
+

@@ -10,8 +10,8 @@ compiled per segment count. Tensors of different entries are reached through
 their addresses in the table (``load_int``), so one launch covers every tensor.
 
 ``put_fields`` adds bit fields into int64 body words with two atomic adds per run of
-elements that share a word (a field that straddles two words adds its high part to the
-next one). Elements that write nothing give width 0 at a position inside the body, next
+elements of a warp that share a word (a field that straddles two words adds its high part
+to the next one). Elements that write nothing give width 0 at a position inside the body, next
 to their stream's fields, so runs stay long. ``put_packed`` stores the words of a stream
 of consecutive fields whose width divides 64, each word once, with no atomics.
 """
@@ -20,6 +20,11 @@ from __future__ import annotations
 
 import triton
 import triton.language as tl
+
+SCAN_ROW = tl.constexpr(64)
+"""Elements per prefix sum of ``put_fields``: with 2 elements per thread, one warp's, so
+the scan needs shuffles only (a scan over the whole block crosses warps through shared
+memory, with barriers); a run of fields sharing a word ends at a row's end too."""
 
 
 @triton.jit
@@ -123,9 +128,10 @@ def put_fields(words, pos, value, width, valid, next_pos, has_next):
     stream (if ``has_next``, i.e. it is valid and in this block). A 64-bit field must
     start on a word boundary.
 
-    Fields never overlap, so adding is OR-ing. The elements of a block that share a word
-    and follow each other form a run; its sum is the difference of the block's prefix
-    sums at its last element and at the last element before it. So each run's last
+    Fields never overlap, so adding is OR-ing. The elements of a row (``SCAN_ROW``
+    consecutive elements of the block) that share a word and follow each other form a
+    run; its sum is the difference of the row's prefix sums at its last element and at
+    the last element before it (none at the row's start). So each run's last
     element adds the prefix sum at itself to its word and subtracts it from the next
     run's word: two atomic adds per run, whatever the number of fields in it, and every
     word ends up as the sum (wrapping int64, exact) of its fields. Nothing else may write
@@ -133,10 +139,14 @@ def put_fields(words, pos, value, width, valid, next_pos, has_next):
     reads the words before the kernel ends, so they are relaxed (Triton's default,
     acquire-release, orders every add against all other memory traffic).
     """
+    n: tl.constexpr = pos.shape[0]
+    row: tl.constexpr = min(n, SCAN_ROW)
     word = pos >> 6
     shift = pos & 63
     field = value & width_mask(width)
-    total = tl.cumsum(tl.where(valid, field << shift, 0), 0)
+    total = tl.reshape(tl.cumsum(tl.reshape(tl.where(valid, field << shift, 0), [n // row, row]),
+                                 1), [n])
+    has_next = has_next & (tl.arange(0, n) % row != row - 1)
     ends = valid & ~(has_next & ((next_pos >> 6) == word))
     tl.atomic_add(words + word, total, mask=ends, sem="relaxed")
     tl.atomic_add(words + (next_pos >> 6), -total, mask=ends & has_next, sem="relaxed")
