@@ -148,11 +148,26 @@ def put_fields(words, pos, value, width, valid, next_pos, has_next):
                                  1), [n])
     has_next = has_next & (tl.arange(0, n) % row != row - 1)
     ends = valid & ~(has_next & ((next_pos >> 6) == word))
-    tl.atomic_add(words + word, total, mask=ends, sem="relaxed")
-    tl.atomic_add(words + (next_pos >> 6), -total, mask=ends & has_next, sem="relaxed")
+    add_pairs(words, word, total, ends)
+    add_pairs(words, next_pos >> 6, -total, ends & has_next)
     straddles = valid & (shift + width > 64)
     high = shift_right(field, tl.where(straddles, 64 - shift, 0))
-    tl.atomic_add(words + word + 1, high, mask=straddles & (high != 0), sem="relaxed")
+    add_pairs(words, word + 1, high, straddles & (high != 0))
+
+
+@triton.jit
+def add_pairs(words, at, value, mask):
+    """Relaxed atomic adds of ``value`` into ``words[at]`` where ``mask``, for 1-D blocks
+    held two elements per thread: issued as two adds of one element per thread (even and
+    odd elements), the layout Triton gives atomics, so no operand is moved through shared
+    memory first (one add of the whole block moves the addresses, values and mask, each
+    with barriers)."""
+    n: tl.constexpr = at.shape[0]
+    at_even, at_odd = tl.split(tl.reshape(at, [n // 2, 2]))
+    value_even, value_odd = tl.split(tl.reshape(value, [n // 2, 2]))
+    mask_even, mask_odd = tl.split(tl.reshape(mask.to(tl.int8), [n // 2, 2]))
+    tl.atomic_add(words + at_even, value_even, mask=mask_even != 0, sem="relaxed")
+    tl.atomic_add(words + at_odd, value_odd, mask=mask_odd != 0, sem="relaxed")
 
 
 @triton.jit
