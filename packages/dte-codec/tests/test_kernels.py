@@ -93,8 +93,19 @@ def _residue_widths() -> list:
     return cases
 
 
+def _gap_escapes() -> list:
+    """A GAP8 tensor of three kernel blocks (runs of neighbours far apart) with gaps over
+    a byte in every block, on both sides of the block edges."""
+    far = torch.zeros(3000, dtype=torch.int64)
+    far[[0, 5, 700, 1023, 1024, 1500, 2047, 2048, 2900]] = 100_000
+    at = torch.cumsum(far + 1, 0)
+    tensor = torch.randn(int(at[-1]) + 1, generator=torch.Generator().manual_seed(3))
+    return [(tensor, Change(at, *(tensor[at],) * 2))]
+
+
 @EXAMPLES
 @given(st.lists(tensor_and_change(), max_size=6))
+@example(_gap_escapes())
 @example(_residue_widths())
 @example(EDGES[0])
 @example(_across_blocks())

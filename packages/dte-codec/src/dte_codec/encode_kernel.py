@@ -185,10 +185,11 @@ def _before(before, block, first, flags):
 
 
 @triton.jit
-def _write_indices(items, layout, segments, seg, words, rank, valid, has_next, idx, code, gaps,
-                   any_escaped, BLOCK: tl.constexpr):
+def _write_indices(items, layout, segments, seg, words, rank, valid, has_next, idx, code,
+                   before, block, first_block, any_escaped, BLOCK: tl.constexpr):
     """The index sections: raw index, gap byte, low bits or bitmap bit; then escaped gaps
-    (``gaps``: per element, the GAP8 escapes before it) or the Elias-Fano upper bits."""
+    (ranked from ``before``, the GAP8 escapes before each block, only in blocks that have
+    some: the ranks take a scan across the block's warps) or the Elias-Fano upper bits."""
     enc = column(layout, _ENC, segments, seg)
     nxt = _index(items, segments, seg, rank + 1, has_next)
     prev = tl.where(rank > 0, _index(items, segments, seg, rank - 1, valid & (rank > 0)), -1)
@@ -211,9 +212,10 @@ def _write_indices(items, layout, segments, seg, words, rank, valid, has_next, i
         low_width = column(layout, _LOW_WIDTH, segments, seg)
         put_fields(words, second + (idx >> low_width) + rank, idx * 0 + 1, valid.to(tl.int64),
                    valid, second + (nxt >> low_width) + rank + 1, has_next)
-    if any_escaped:
+    if any_escaped:  # then the entry is GAP8
         bits = column(layout, _ESCAPE_BITS, segments, seg)
         escaped = valid & wide
+        gaps = _before(before, block, first_block, escaped)
         put_fields(words, second + gaps * bits, gap, tl.where(escaped, bits, 0), valid,
                    second + (gaps + escaped.to(tl.int64)) * bits, has_next)
 
@@ -253,13 +255,12 @@ def _write(items, layout, block_seg, segments, codes, counts, before, blocks, wo
         # the next element, in this block, tells each element whether its word's run ends
         has_next = (tl.arange(0, BLOCK) < BLOCK - 1) & (rank + 1 < count)
         code = _codes(codes, block, BLOCK)
-        gap, value = _escaped(layout, segments, seg, code, valid)
+        _, value = _escaped(layout, segments, seg, code, valid)
         first = column(items, _FIRST_BLOCK, segments, seg)
-        gaps = _before(before, block, first, gap)
         values = _before(before + blocks, block, first, value)
         idx = _index(items, segments, seg, rank, valid)
         _write_indices(items, layout, segments, seg, words, rank, valid, has_next, idx, code,
-                       gaps, tl.load(counts + block) > 0, BLOCK)
+                       before, block, first, tl.load(counts + block) > 0, BLOCK)
         _write_values(items, layout, segments, seg, words, rank, valid, has_next, idx, value,
                       values, tl.load(counts + blocks + block) > 0, BLOCK)
 
