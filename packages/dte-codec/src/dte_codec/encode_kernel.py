@@ -36,7 +36,7 @@ import triton.language as tl
 from .dispatch import on_device
 from .fields import host_table
 from .header import RESIDUE_DTYPES, IndexEncoding, ValueEncoding
-from .kernel_bits import (bit_length, column, load_int, order_key, packs, put_fields,
+from .kernel_bits import (bit_length, column, load_uniform, order_key, packs, put_fields,
                           put_packed, width_mask)
 
 if TYPE_CHECKING:
@@ -101,7 +101,7 @@ def _block(items, block_seg, segments, BLOCK: tl.constexpr):
 
 @triton.jit
 def _index(items, segments, seg, rank, valid):
-    return load_int(column(items, _INDEX_AT, segments, seg), rank,
+    return load_uniform(column(items, _INDEX_AT, segments, seg), rank,
                     column(items, _INDEX_SIZE, segments, seg), valid)
 
 
@@ -112,7 +112,7 @@ def _pattern(items, segments, seg, idx, valid):
     numel = column(items, _NUMEL, segments, seg)
     safe = tl.minimum(tl.maximum(idx, 0), numel - 1)
     mask = width_mask(column(items, _BITS, segments, seg))
-    return load_int(column(items, _VALUE_AT, segments, seg), safe,
+    return load_uniform(column(items, _VALUE_AT, segments, seg), safe,
                     column(items, _SIZE, segments, seg), valid) & mask
 
 
@@ -129,8 +129,8 @@ def _stats(items, block_seg, segments, codes, out, BLOCK: tl.constexpr, BINS: tl
     # bounds are read for residue dtypes only; the others need no residue width
     size, mask = column(items, _SIZE, segments, seg), width_mask(bits)
     bounded = tl.where(residue, valid, False)  # see kernel_bits.load_int on scalar flags
-    low = load_int(column(items, _LOW_AT, segments, seg), rank, size, bounded) & mask
-    high = load_int(column(items, _HIGH_AT, segments, seg), rank, size, bounded) & mask
+    low = load_uniform(column(items, _LOW_AT, segments, seg), rank, size, bounded) & mask
+    high = load_uniform(column(items, _HIGH_AT, segments, seg), rank, size, bounded) & mask
     key_bits = tl.where(residue, bits, 16)  # keys of residue dtypes only are used
     key = order_key(pattern, key_bits)
     span = tl.maximum(tl.maximum(key - order_key(low, key_bits) + 1,

@@ -109,6 +109,22 @@ def load_int(address, at, size, mask):
 
 
 @triton.jit
+def load_uniform(address, at, size, mask):
+    """``load_int`` where ``address`` and ``size`` are scalars: a branch on the size, the
+    same in every thread, runs one load (``load_int`` issues and selects among four)."""
+    out = tl.zeros(at.shape, tl.int64)
+    if size == 1:
+        out = tl.load(address.to(tl.pointer_type(tl.uint8)) + at, mask=mask, other=0).to(tl.int64)
+    elif size == 2:
+        out = tl.load(address.to(tl.pointer_type(tl.int16)) + at, mask=mask, other=0).to(tl.int64)
+    elif size == 4:
+        out = tl.load(address.to(tl.pointer_type(tl.int32)) + at, mask=mask, other=0).to(tl.int64)
+    else:
+        out = tl.load(address.to(tl.pointer_type(tl.int64)) + at, mask=mask, other=0)
+    return out
+
+
+@triton.jit
 def store_int(address, at, value, size, mask):
     """Store the low ``size`` bytes of int64 ``value`` as element ``at`` of the tensor at
     ``address`` (``size`` 1, 2, 4 or 8; both may be scalars, as in ``load_int``)."""
