@@ -206,9 +206,9 @@ def put_packed(words, pos, value, width, valid, BLOCK: tl.constexpr):
     for g in tl.static_range(7):
         if width == (64 >> g):
             packed = tl.sum(tl.reshape(field, [BLOCK >> g, 1 << g]), 1)
-            word = tl.max(tl.reshape(pos >> 6, [BLOCK >> g, 1 << g]), 1)
-            used = tl.max(tl.reshape(valid.to(tl.int32), [BLOCK >> g, 1 << g]), 1) > 0
-            tl.store(words + word, packed, mask=used)
+            # -1 for a word without valid fields: one reduction gives the word and its use
+            word = tl.max(tl.reshape(tl.where(valid, pos >> 6, -1), [BLOCK >> g, 1 << g]), 1)
+            tl.store(words + word, packed, mask=word >= 0)
 
 
 @triton.jit
