@@ -374,7 +374,7 @@ if importlib.util.find_spec("triton") is not None:
                    tl.where(valid, 0, (k - n + 1) * tl.load(width)),
                    tl.load(value + k, mask=valid, other=0), tl.load(width), valid, BLOCK)
 
-PUT_BLOCKS = (16, 128)
+PUT_BLOCKS = (64, 128)
 """Blocks of one prefix-sum row (``kernel_bits.SCAN_ROW``) and of two."""
 PACKED_BLOCK = 64
 """64 fields of any width that divides 64 fill whole words: each block starts a word."""

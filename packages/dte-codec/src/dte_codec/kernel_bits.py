@@ -156,13 +156,13 @@ def put_fields(words, pos, value, width, valid, next_pos, has_next):
     acquire-release, orders every add against all other memory traffic).
     """
     n: tl.constexpr = pos.shape[0]
-    row: tl.constexpr = min(n, SCAN_ROW)
+    tl.static_assert(n % SCAN_ROW == 0, "put_fields takes whole rows of SCAN_ROW elements")
     word = pos >> 6
     shift = pos & 63
     field = value & width_mask(width)
-    total = tl.reshape(tl.cumsum(tl.reshape(tl.where(valid, field << shift, 0), [n // row, row]),
-                                 1), [n])
-    has_next = has_next & (tl.arange(0, n) % row != row - 1)
+    total = tl.reshape(tl.cumsum(tl.reshape(tl.where(valid, field << shift, 0),
+                                            [n // SCAN_ROW, SCAN_ROW]), 1), [n])
+    has_next = has_next & (tl.arange(0, n) % SCAN_ROW != SCAN_ROW - 1)
     ends = valid & ~(has_next & ((next_pos >> 6) == word))
     add_pairs(words, word, total, ends)
     add_pairs(words, next_pos >> 6, -total, ends & has_next)
