@@ -180,8 +180,9 @@ def _escape_counts(items, layout, block_seg, segments, codes, counts, blocks,
 def _before(before, block, first, flags):
     """Per element, the flags set before it in its tensor: the prefix over blocks at this
     block minus the one at the tensor's first block, plus those ahead of it here."""
-    flags = flags.to(tl.int64)
-    return tl.load(before + block) - tl.load(before + first) + tl.cumsum(flags, 0) - flags
+    flags = flags.to(tl.int32)  # a block's count fits: half the scan's shuffles and shared memory
+    ahead = (tl.cumsum(flags, 0) - flags).to(tl.int64)
+    return tl.load(before + block) - tl.load(before + first) + ahead
 
 
 @triton.jit
