@@ -78,8 +78,36 @@ def _across_blocks() -> list:
              Change(torch.tensor([6]), *(torch.zeros(1, dtype=torch.float16),) * 2))]
 
 
+def _residue_widths() -> list:
+    """bf16 tensors of three kernel blocks whose residues need up to 3, 5, ..., 15 bits
+    (widths that do not divide 64, so fields straddle words), with escapes at the blocks'
+    first and last elements: each tensor's residue fields start mid-word."""
+    gen = torch.Generator().manual_seed(7)
+    cases = []
+    for width in range(3, 16, 2):
+        tensor = torch.randn(5000, generator=gen).bfloat16()
+        at = torch.arange(0, 5000, 2)
+        step = torch.randint(0, 1 << (width - 1), (at.numel(),), generator=gen)
+        step[[0, 1023, 1024, 2047, 2048, 2499]] = 1 << (width + 3)
+        base = (tensor[at].view(torch.int16).to(torch.int64) - step).to(torch.int16)
+        cases.append((tensor, Change(at, *(base.view(torch.bfloat16),) * 2)))
+    return cases
+
+
+def _gap_escapes() -> list:
+    """A GAP8 tensor of three kernel blocks (runs of neighbours far apart) with gaps over
+    a byte in every block, on both sides of the block edges."""
+    far = torch.zeros(3000, dtype=torch.int64)
+    far[[0, 5, 700, 1023, 1024, 1500, 2047, 2048, 2900]] = 100_000
+    at = torch.cumsum(far + 1, 0)
+    tensor = torch.randn(int(at[-1]) + 1, generator=torch.Generator().manual_seed(3))
+    return [(tensor, Change(at, *(tensor[at],) * 2))]
+
+
 @EXAMPLES
 @given(st.lists(tensor_and_change(), max_size=6))
+@example(_gap_escapes())
+@example(_residue_widths())
 @example(EDGES[0])
 @example(_across_blocks())
 @example(EDGES[1])
@@ -396,7 +424,14 @@ if importlib.util.find_spec("triton") is not None:
     import triton
     import triton.language as tl
 
-    from dte_codec.kernel_bits import put_fields, put_packed
+    from dte_codec.kernel_bits import load_int, load_uniform, put_fields, put_packed
+
+    @triton.jit
+    def _loads(address, out, size, n, BLOCK: tl.constexpr):
+        k = tl.arange(0, BLOCK)
+        width = tl.load(size)
+        tl.store(out + k, load_int(address, k, width, k < n))
+        tl.store(out + BLOCK + k, load_uniform(address, k, width, k < n))
 
     @triton.jit
     def _put(words, pos, value, width, n, BLOCK: tl.constexpr):
@@ -416,7 +451,8 @@ if importlib.util.find_spec("triton") is not None:
                    tl.where(valid, 0, (k - n + 1) * tl.load(width)),
                    tl.load(value + k, mask=valid, other=0), tl.load(width), valid, BLOCK)
 
-PUT_BLOCK = 16
+PUT_BLOCKS = (64, 128)
+"""Blocks of one prefix-sum row (``kernel_bits.SCAN_ROW``) and of two."""
 PACKED_BLOCK = 64
 """64 fields of any width that divides 64 fill whole words: each block starts a word."""
 WIDTHS = (0, 1, 5, 8, 16, 33, 63, 64)
@@ -464,13 +500,14 @@ def test_put_fields_writes_the_words_of_the_torch_writer(sections, lead):
     """Every word equals the torch writer's (which adds field by field), whatever the
     widths, escapes and block edges; fields of a section never reach the next one."""
     parts, expected = _laid_out(sections, lead)
-    words = torch.zeros_like(expected, device=DEVICE)
-    for pos, value, width in parts:
-        if pos.numel():
-            _put[(triton.cdiv(pos.numel(), PUT_BLOCK),)](
-                words, pos.to(DEVICE), value.to(DEVICE), width.to(DEVICE), pos.numel(),
-                BLOCK=PUT_BLOCK)
-    assert expected.tolist() == words.cpu().tolist()
+    for block in PUT_BLOCKS:
+        words = torch.zeros_like(expected, device=DEVICE)
+        for pos, value, width in parts:
+            if pos.numel():
+                _put[(triton.cdiv(pos.numel(), block),)](
+                    words, pos.to(DEVICE), value.to(DEVICE), width.to(DEVICE), pos.numel(),
+                    BLOCK=block)
+        assert expected.tolist() == words.cpu().tolist()
 
 
 @settings(max_examples=40 if CUDA else 10, deadline=None)
@@ -492,3 +529,20 @@ def test_put_packed_writes_the_words_of_the_torch_writer(sections, lead):
                 words, pos.to(DEVICE), value.to(DEVICE),
                 torch.tensor([width], device=DEVICE), pos.numel(), BLOCK=PACKED_BLOCK)
     assert expected.tolist() == words.cpu().tolist()
+
+
+
+@pytest.mark.parametrize("dtype", [torch.uint8, torch.int16, torch.int32, torch.int64])
+def test_load_uniform_reads_what_load_int_reads(dtype):
+    """Items of 1, 2, 4 and 8 bytes, negative ones included, and masked-off lanes: the
+    one-branch load gives load_int's int64 values (1-byte items zero-extended, the others
+    sign-extended)."""
+    info = torch.iinfo(dtype)
+    values = torch.tensor([info.min, -1 if info.min else 200, 0, 1, info.max], dtype=dtype)
+    out = torch.full((2, 8), 7, dtype=torch.int64, device=DEVICE)
+    values = values.to(DEVICE)
+    with kernels():
+        _loads[(1,)](values.data_ptr(), out, torch.tensor([values.element_size()],
+                     device=DEVICE), values.numel(), BLOCK=8)
+    expected = values.to(torch.int64).tolist() + [0] * 3
+    assert [expected, expected] == out.cpu().tolist()

@@ -36,7 +36,7 @@ import triton.language as tl
 from .dispatch import on_device
 from .fields import host_table
 from .header import RESIDUE_DTYPES, IndexEncoding, ValueEncoding
-from .kernel_bits import (bit_length, column, load_int, order_key, packs, put_fields,
+from .kernel_bits import (bit_length, column, load_uniform, order_key, packs, put_fields,
                           put_packed, width_mask)
 
 if TYPE_CHECKING:
@@ -101,7 +101,7 @@ def _block(items, block_seg, segments, BLOCK: tl.constexpr):
 
 @triton.jit
 def _index(items, segments, seg, rank, valid):
-    return load_int(column(items, _INDEX_AT, segments, seg), rank,
+    return load_uniform(column(items, _INDEX_AT, segments, seg), rank,
                     column(items, _INDEX_SIZE, segments, seg), valid)
 
 
@@ -112,7 +112,7 @@ def _pattern(items, segments, seg, idx, valid):
     numel = column(items, _NUMEL, segments, seg)
     safe = tl.minimum(tl.maximum(idx, 0), numel - 1)
     mask = width_mask(column(items, _BITS, segments, seg))
-    return load_int(column(items, _VALUE_AT, segments, seg), safe,
+    return load_uniform(column(items, _VALUE_AT, segments, seg), safe,
                     column(items, _SIZE, segments, seg), valid) & mask
 
 
@@ -129,8 +129,8 @@ def _stats(items, block_seg, segments, codes, out, BLOCK: tl.constexpr, BINS: tl
     # bounds are read for residue dtypes only; the others need no residue width
     size, mask = column(items, _SIZE, segments, seg), width_mask(bits)
     bounded = tl.where(residue, valid, False)  # see kernel_bits.load_int on scalar flags
-    low = load_int(column(items, _LOW_AT, segments, seg), rank, size, bounded) & mask
-    high = load_int(column(items, _HIGH_AT, segments, seg), rank, size, bounded) & mask
+    low = load_uniform(column(items, _LOW_AT, segments, seg), rank, size, bounded) & mask
+    high = load_uniform(column(items, _HIGH_AT, segments, seg), rank, size, bounded) & mask
     key_bits = tl.where(residue, bits, 16)  # keys of residue dtypes only are used
     key = order_key(pattern, key_bits)
     span = tl.maximum(tl.maximum(key - order_key(low, key_bits) + 1,
@@ -180,15 +180,17 @@ def _escape_counts(items, layout, block_seg, segments, codes, counts, blocks,
 def _before(before, block, first, flags):
     """Per element, the flags set before it in its tensor: the prefix over blocks at this
     block minus the one at the tensor's first block, plus those ahead of it here."""
-    flags = flags.to(tl.int64)
-    return tl.load(before + block) - tl.load(before + first) + tl.cumsum(flags, 0) - flags
+    flags = flags.to(tl.int32)  # a block's count fits: half the scan's shuffles and shared memory
+    ahead = (tl.cumsum(flags, 0) - flags).to(tl.int64)
+    return tl.load(before + block) - tl.load(before + first) + ahead
 
 
 @triton.jit
-def _write_indices(items, layout, segments, seg, words, rank, valid, has_next, idx, code, gaps,
-                   any_escaped, BLOCK: tl.constexpr):
+def _write_indices(items, layout, segments, seg, words, rank, valid, has_next, idx, code,
+                   before, block, first_block, any_escaped, BLOCK: tl.constexpr):
     """The index sections: raw index, gap byte, low bits or bitmap bit; then escaped gaps
-    (``gaps``: per element, the GAP8 escapes before it) or the Elias-Fano upper bits."""
+    (ranked from ``before``, the GAP8 escapes before each block, only in blocks that have
+    some: the ranks take a scan across the block's warps) or the Elias-Fano upper bits."""
     enc = column(layout, _ENC, segments, seg)
     nxt = _index(items, segments, seg, rank + 1, has_next)
     prev = tl.where(rank > 0, _index(items, segments, seg, rank - 1, valid & (rank > 0)), -1)
@@ -211,9 +213,10 @@ def _write_indices(items, layout, segments, seg, words, rank, valid, has_next, i
         low_width = column(layout, _LOW_WIDTH, segments, seg)
         put_fields(words, second + (idx >> low_width) + rank, idx * 0 + 1, valid.to(tl.int64),
                    valid, second + (nxt >> low_width) + rank + 1, has_next)
-    if any_escaped:
+    if any_escaped:  # then the entry is GAP8
         bits = column(layout, _ESCAPE_BITS, segments, seg)
         escaped = valid & wide
+        gaps = _before(before, block, first_block, escaped)
         put_fields(words, second + gaps * bits, gap, tl.where(escaped, bits, 0), valid,
                    second + (gaps + escaped.to(tl.int64)) * bits, has_next)
 
@@ -253,13 +256,12 @@ def _write(items, layout, block_seg, segments, codes, counts, before, blocks, wo
         # the next element, in this block, tells each element whether its word's run ends
         has_next = (tl.arange(0, BLOCK) < BLOCK - 1) & (rank + 1 < count)
         code = _codes(codes, block, BLOCK)
-        gap, value = _escaped(layout, segments, seg, code, valid)
+        _, value = _escaped(layout, segments, seg, code, valid)
         first = column(items, _FIRST_BLOCK, segments, seg)
-        gaps = _before(before, block, first, gap)
         values = _before(before + blocks, block, first, value)
         idx = _index(items, segments, seg, rank, valid)
         _write_indices(items, layout, segments, seg, words, rank, valid, has_next, idx, code,
-                       gaps, tl.load(counts + block) > 0, BLOCK)
+                       before, block, first, tl.load(counts + block) > 0, BLOCK)
         _write_values(items, layout, segments, seg, words, rank, valid, has_next, idx, value,
                       values, tl.load(counts + blocks + block) > 0, BLOCK)
 

@@ -10,8 +10,8 @@ compiled per segment count. Tensors of different entries are reached through
 their addresses in the table (``load_int``), so one launch covers every tensor.
 
 ``put_fields`` adds bit fields into int64 body words with two atomic adds per run of
-elements that share a word (a field that straddles two words adds its high part to the
-next one). Elements that write nothing give width 0 at a position inside the body, next
+elements of a warp that share a word (a field that straddles two words adds its high part
+to the next one). Elements that write nothing give width 0 at a position inside the body, next
 to their stream's fields, so runs stay long. ``put_packed`` stores the words of a stream
 of consecutive fields whose width divides 64, each word once, with no atomics.
 """
@@ -20,6 +20,11 @@ from __future__ import annotations
 
 import triton
 import triton.language as tl
+
+SCAN_ROW = tl.constexpr(64)
+"""Elements per prefix sum of ``put_fields``: with 2 elements per thread, one warp's, so
+the scan needs shuffles only (a scan over the whole block crosses warps through shared
+memory, with barriers); a run of fields sharing a word ends at a row's end too."""
 
 
 @triton.jit
@@ -104,6 +109,22 @@ def load_int(address, at, size, mask):
 
 
 @triton.jit
+def load_uniform(address, at, size, mask):
+    """``load_int`` where ``address`` and ``size`` are scalars: a branch on the size, the
+    same in every thread, runs one load (``load_int`` issues and selects among four)."""
+    out = tl.zeros(at.shape, tl.int64)
+    if size == 1:
+        out = tl.load(address.to(tl.pointer_type(tl.uint8)) + at, mask=mask, other=0).to(tl.int64)
+    elif size == 2:
+        out = tl.load(address.to(tl.pointer_type(tl.int16)) + at, mask=mask, other=0).to(tl.int64)
+    elif size == 4:
+        out = tl.load(address.to(tl.pointer_type(tl.int32)) + at, mask=mask, other=0).to(tl.int64)
+    else:
+        out = tl.load(address.to(tl.pointer_type(tl.int64)) + at, mask=mask, other=0)
+    return out
+
+
+@triton.jit
 def store_int(address, at, value, size, mask):
     """Store the low ``size`` bytes of int64 ``value`` as element ``at`` of the tensor at
     ``address`` (``size`` 1, 2, 4 or 8; both may be scalars, as in ``load_int``)."""
@@ -123,9 +144,10 @@ def put_fields(words, pos, value, width, valid, next_pos, has_next):
     stream (if ``has_next``, i.e. it is valid and in this block). A 64-bit field must
     start on a word boundary.
 
-    Fields never overlap, so adding is OR-ing. The elements of a block that share a word
-    and follow each other form a run; its sum is the difference of the block's prefix
-    sums at its last element and at the last element before it. So each run's last
+    Fields never overlap, so adding is OR-ing. The elements of a row (``SCAN_ROW``
+    consecutive elements of the block) that share a word and follow each other form a
+    run; its sum is the difference of the row's prefix sums at its last element and at
+    the last element before it (none at the row's start). So each run's last
     element adds the prefix sum at itself to its word and subtracts it from the next
     run's word: two atomic adds per run, whatever the number of fields in it, and every
     word ends up as the sum (wrapping int64, exact) of its fields. Nothing else may write
@@ -133,16 +155,35 @@ def put_fields(words, pos, value, width, valid, next_pos, has_next):
     reads the words before the kernel ends, so they are relaxed (Triton's default,
     acquire-release, orders every add against all other memory traffic).
     """
+    n: tl.constexpr = pos.shape[0]
+    tl.static_assert(n % SCAN_ROW == 0, "put_fields takes whole rows of SCAN_ROW elements")
     word = pos >> 6
     shift = pos & 63
     field = value & width_mask(width)
-    total = tl.cumsum(tl.where(valid, field << shift, 0), 0)
+    total = tl.reshape(tl.cumsum(tl.reshape(tl.where(valid, field << shift, 0),
+                                            [n // SCAN_ROW, SCAN_ROW]), 1), [n])
+    has_next = has_next & (tl.arange(0, n) % SCAN_ROW != SCAN_ROW - 1)
     ends = valid & ~(has_next & ((next_pos >> 6) == word))
-    tl.atomic_add(words + word, total, mask=ends, sem="relaxed")
-    tl.atomic_add(words + (next_pos >> 6), -total, mask=ends & has_next, sem="relaxed")
+    add_pairs(words, word, total, ends)
+    add_pairs(words, next_pos >> 6, -total, ends & has_next)
     straddles = valid & (shift + width > 64)
     high = shift_right(field, tl.where(straddles, 64 - shift, 0))
-    tl.atomic_add(words + word + 1, high, mask=straddles & (high != 0), sem="relaxed")
+    add_pairs(words, word + 1, high, straddles & (high != 0))
+
+
+@triton.jit
+def add_pairs(words, at, value, mask):
+    """Relaxed atomic adds of ``value`` into ``words[at]`` where ``mask``, for 1-D blocks
+    held two elements per thread: issued as two adds of one element per thread (even and
+    odd elements), the layout Triton gives atomics, so no operand is moved through shared
+    memory first (one add of the whole block moves the addresses, values and mask, each
+    with barriers)."""
+    n: tl.constexpr = at.shape[0]
+    at_even, at_odd = tl.split(tl.reshape(at, [n // 2, 2]))
+    value_even, value_odd = tl.split(tl.reshape(value, [n // 2, 2]))
+    mask_even, mask_odd = tl.split(tl.reshape(mask.to(tl.int8), [n // 2, 2]))
+    tl.atomic_add(words + at_even, value_even, mask=mask_even != 0, sem="relaxed")
+    tl.atomic_add(words + at_odd, value_odd, mask=mask_odd != 0, sem="relaxed")
 
 
 @triton.jit
@@ -165,9 +206,9 @@ def put_packed(words, pos, value, width, valid, BLOCK: tl.constexpr):
     for g in tl.static_range(7):
         if width == (64 >> g):
             packed = tl.sum(tl.reshape(field, [BLOCK >> g, 1 << g]), 1)
-            word = tl.max(tl.reshape(pos >> 6, [BLOCK >> g, 1 << g]), 1)
-            used = tl.max(tl.reshape(valid.to(tl.int32), [BLOCK >> g, 1 << g]), 1) > 0
-            tl.store(words + word, packed, mask=used)
+            # -1 for a word without valid fields: one reduction gives the word and its use
+            word = tl.max(tl.reshape(tl.where(valid, pos >> 6, -1), [BLOCK >> g, 1 << g]), 1)
+            tl.store(words + word, packed, mask=word >= 0)
 
 
 @triton.jit
