@@ -15,14 +15,14 @@ python3 -m pytest -q -p no:cacheprovider -m "gpu or not gpu" \
   packages/dte-detector/tests/test_kernels.py packages/dte-codec/tests/test_kernels.py \
   packages/dte-codec/tests/test_body_digest.py packages/dte-codec/tests/test_box_copy.py \
   packages/dte-codec/tests/test_encode_plan.py packages/dte-codec/tests/test_flat.py \
+  packages/dte-codec/tests/test_decode.py packages/dte-codec/tests/test_entry_table.py \
   packages/areal-dte/tests/test_shard_stage_routes.py > "$OUT/gpu_tests.log" 2>&1 || status=1
 tail -3 "$OUT/gpu_tests.log"
-for method in adamw cast; do
-  profile=$([ "$method" = adamw ] && echo --profile)
-  python3 tools/bench_sync.py --method "$method" --steps 10 --warmup-steps 2 $profile \
-    --sha "$SHA" --out "$OUT/$method" 2>&1 | grep "^|" || status=1
-done
+python3 tools/bench_sync.py --steps 10 --warmup-steps 2 --profile --sha "$SHA" \
+  --out "$OUT/adamw" 2>&1 | grep "^|" || status=1
 python3 tools/gpu/check_megatron.py --syncs "${MEGATRON_SYNCS:-10}" --out "$OUT/megatron.json" \
   > "$OUT/megatron.log" 2>&1 || status=1
 tail -4 "$OUT/megatron.log"
+python3 tools/bench_sync.py --method cast --steps 10 --warmup-steps 2 --sha "$SHA" \
+  --out "$OUT/cast" 2>&1 | grep "^|" || status=1
 exit $status
