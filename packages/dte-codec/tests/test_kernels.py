@@ -8,9 +8,7 @@ values or errors with the torch reference exactly, so one differing element fail
 
 from __future__ import annotations
 
-import contextlib
 import importlib.util
-import os
 
 import attrs
 import pytest
@@ -21,27 +19,17 @@ from codec_cases import (Change, HostReads, assert_apply_agrees, assert_corrupt_
 from forge import redigest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
+from kernel_mode import CUDA, DEVICE, kernels, needs_triton
 
 from dte_codec import apply_
 from dte_codec.decode import decode_batched, decode_per_entry
-from dte_codec.dispatch import interpreted
 from dte_codec.encode import encode_delta_batched, encode_delta_per_tensor
 from dte_codec.errors import ApplyError
 from dte_codec.fields import WORD_BITS, Body
 
-CUDA = torch.cuda.is_available()
-DEVICE = "cuda" if CUDA else "cpu"
-if not CUDA:
-    os.environ.setdefault("TRITON_INTERPRET", "1")
-
-pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None,
-                                reason="needs triton")
+pytestmark = needs_triton
 EXAMPLES = settings(max_examples=40 if CUDA else 6, deadline=None)
 """The interpreter runs a kernel as numpy per program: fewer examples on the CPU."""
-
-
-def kernels() -> contextlib.AbstractContextManager[None]:
-    return contextlib.nullcontext() if CUDA else interpreted()
 
 
 EDGES = [

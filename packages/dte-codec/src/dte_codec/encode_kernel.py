@@ -34,10 +34,10 @@ import triton
 import triton.language as tl
 
 from .dispatch import on_device
-from .fields import host_table
+from .fields import block_segments, host_table
 from .header import RESIDUE_DTYPES, IndexEncoding, ValueEncoding
-from .kernel_bits import (bit_length, column, load_uniform, order_key, packs, put_fields,
-                          put_packed, width_mask)
+from .kernel_bits import (bit_length, column, load_uniform, order_key, owned_block, packs,
+                          put_fields, put_packed, width_mask)
 
 if TYPE_CHECKING:
     from .encode_plan import Layout
@@ -91,11 +91,8 @@ _V_RESIDUE = tl.constexpr(ValueEncoding.RESIDUE.value)
 def _block(items, block_seg, segments, BLOCK: tl.constexpr):
     """This program's block, its tensor, its elements' ranks in that tensor, which of
     them exist, and the tensor's element count."""
-    block = tl.program_id(0)
-    seg = tl.load(block_seg + block)
+    block, seg, rank = owned_block(items, block_seg, segments, _FIRST_BLOCK, BLOCK)
     count = column(items, _COUNT, segments, seg)
-    first = column(items, _FIRST_BLOCK, segments, seg)
-    rank = (block - first) * BLOCK + tl.arange(0, BLOCK)
     return block, seg, rank, rank < count, count
 
 
@@ -290,9 +287,7 @@ class FusedFlat:
                     i.element_size(), t.data_ptr(), size, lo.data_ptr(), hi.data_ptr())):
                 row.append(value)
         self.items = host_table(rows, device)
-        self.block_seg = torch.repeat_interleave(
-            torch.arange(self.segments, device=device), self.items[_BLOCKS],
-            output_size=self.blocks)
+        self.block_seg = block_segments(self.items[_BLOCKS], self.blocks)
         self.codes = torch.empty(self.blocks * BLOCK, dtype=torch.uint8, device=device)
 
     def stats(self, bins: int) -> torch.Tensor:
