@@ -106,7 +106,7 @@ def _wait_for(path: str, seconds: float = 180) -> dict:
         return json.load(fh)
 
 
-def _write_json(path: str, value) -> None:
+def write_json(path: str, value) -> None:
     with open(path + ".tmp", "w") as fh:
         json.dump(value, fh)
     os.replace(path + ".tmp", path)
@@ -159,7 +159,7 @@ def _connect(adapter, case: Case, folder: str, pair: str, transfer_rank: int) ->
 def _report_meta(adapter, folder: str, name: str) -> None:
     from areal.infra.rpc.serialization import serialize_value
 
-    _write_json(os.path.join(folder, f"meta-{name}.json"),
+    write_json(os.path.join(folder, f"meta-{name}.json"),
                 serialize_value(adapter.get_weight_metadata()))
 
 

@@ -25,7 +25,7 @@ import time
 
 import attrs
 import pytest
-from awex_world import PAIRS, TRAINER_TP, Case, run_rollout, run_trainer
+from awex_world import PAIRS, TRAINER_TP, Case, run_rollout, run_trainer, write_json
 from dte_config import DeltaMethod
 from group_worker import finish, rendezvous
 from megatron_world import DENSE, MOE
@@ -95,8 +95,8 @@ def _publish_metas(folder, case: Case, url: str, procs, seconds: float = 300) ->
         for key, value in (("infer_params_meta", infer), ("training_params_meta", train)):
             httpx.put(f"{url}/weight_meta/{pair}/{key}", json={"value": value},
                       headers=ADMIN).raise_for_status()
-        (folder / f"connect-{pair}.json").write_text(json.dumps({"port": _free_port(),
-                                                                 "kv": url}))
+        # atomically: a rank polls for this file and would read it half written
+        write_json(str(folder / f"connect-{pair}.json"), {"port": _free_port(), "kv": url})
 
 
 PADDED_VOCAB = 120
