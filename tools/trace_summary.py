@@ -5,7 +5,12 @@ with Python stacks) and prints the functions of our packages by total inclusive 
 with their call counts; torch's own frames are left out. Per-call Python work that
 scales with the number of tensors shows up here long before it shows in kernel tables.
 
+``--gaps`` lists instead the stretches where the GPU sat idle (no kernel, copy or memset)
+for longer than ``--min-gap-us``, each with the innermost of our Python functions that
+covered most of it: the host work a sync waits on.
+
     python tools/trace_summary.py OUT/profile_delta/trace.json.gz --top 40
+    python tools/trace_summary.py OUT/profile_delta/trace.json.gz --gaps
 """
 
 from __future__ import annotations
@@ -16,13 +21,19 @@ import gzip
 import json
 from pathlib import Path
 
+_OURS = ("dte_", "areal_dte")
+_DEVICE = ("kernel", "gpu_memcpy", "gpu_memset")
+
+
+def _events(trace: Path) -> list[dict]:
+    with gzip.open(trace, "rt") as f:
+        return [e for e in json.load(f)["traceEvents"] if e.get("ph") == "X"]
+
 
 def summary(trace: Path, top: int) -> list[tuple[float, int, str]]:
-    with gzip.open(trace, "rt") as f:
-        events = json.load(f)["traceEvents"]
     total, calls = collections.Counter(), collections.Counter()
-    for event in events:
-        if event.get("ph") == "X" and event.get("cat") == "python_function":
+    for event in _events(trace):
+        if event.get("cat") == "python_function":
             total[event["name"]] += event["dur"]
             calls[event["name"]] += 1
     rows = [(us / 1e3, calls[name], name) for name, us in total.most_common()
@@ -30,11 +41,38 @@ def summary(trace: Path, top: int) -> list[tuple[float, int, str]]:
     return rows[:top]
 
 
+def gaps(trace: Path, min_gap_us: float) -> list[tuple[float, list[str]]]:
+    """Idle stretches of the device, in order, with up to three of our Python functions
+    (innermost first) that each covered at least 30 % of the stretch."""
+    events = _events(trace)
+    device = sorted((e for e in events if e.get("cat") in _DEVICE), key=lambda e: e["ts"])
+    ours = [e for e in events if e.get("cat") == "python_function"
+            and any(tag in e["name"] for tag in _OURS)]
+    rows = []
+    for before, after in zip(device, device[1:]):
+        start, end = before["ts"] + before["dur"], after["ts"]
+        if end - start <= min_gap_us:
+            continue
+        covering = sorted((e["dur"], e["name"]) for e in ours
+                          if min(end, e["ts"] + e["dur"]) - max(start, e["ts"])
+                          > 0.3 * (end - start))
+        rows.append(((end - start) / 1e3, [name.split("src/")[-1] for _, name in covering[:3]]))
+    return rows
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("trace", type=Path)
     p.add_argument("--top", type=int, default=40)
+    p.add_argument("--gaps", action="store_true", help="idle device stretches instead")
+    p.add_argument("--min-gap-us", type=float, default=200.0)
     args = p.parse_args()
+    if args.gaps:
+        rows = gaps(args.trace, args.min_gap_us)
+        print(f"{sum(ms for ms, _ in rows):9.1f} ms idle in {len(rows)} gaps")
+        for ms, names in rows:
+            print(f"{ms:9.2f} ms  {' | '.join(names)}")
+        return
     for ms, count, name in summary(args.trace, args.top):
         print(f"{ms:9.1f} ms {count:7d}  {name}")
 
