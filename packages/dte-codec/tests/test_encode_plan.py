@@ -70,7 +70,7 @@ def test_plan_equals_the_per_tensor_rules(rows):
                   gap_escapes=np.array([r[3] for r in rows]),
                   hist=np.stack([r[4] for r in rows]), device=torch.device("cpu"))
     expected = [_reference_entry(n, *r) for n, r in zip(names, rows)]
-    assert expected == list(chosen.entries)
+    assert expected == list(chosen.entries())
     offsets, at = [], 0
     for entry in expected:
         dense = entry.index_encoding == IndexEncoding.DENSE

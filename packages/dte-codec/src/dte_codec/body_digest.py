@@ -12,7 +12,8 @@ Each word is read once and the sum is order-free, so the digest of a body held i
 several segments is the sum of each segment's words at their body positions: a frame is
 hashed on its device without concatenating. ``body_digest`` lays the segments out as a
 table of word runs (``Run``; a word cut between segments is put together from their
-bytes); on a GPU one Triton launch hashes every run (``body_digest_kernel``), elsewhere
+bytes), kept for later digests of the same segments (``BodyRuns``); on a GPU one Triton
+launch hashes every run (``body_digest_kernel``), elsewhere
 (and under ``dispatch.reference()``) this module's torch version does, the reference the
 kernel matches bit for bit. What the
 hash detects for certain is stated (and proved) in ``FORMAT.md``.
@@ -52,6 +53,9 @@ class Run:
 
     words: torch.Tensor
     first_word: int
+    copied: bool = False
+    """``words`` is a copy of the body's bytes (put together across segments, zero-filled
+    or realigned), not a view: it holds the bytes as they were when the run was made."""
 
 
 def body_digest(segments: Iterable[torch.Tensor]) -> int:
@@ -61,15 +65,32 @@ def body_digest(segments: Iterable[torch.Tensor]) -> int:
     synchronization. A word that straddles two segments is put together from their
     bytes; a segment at an address that is not 4-byte aligned is copied once.
     """
-    runs = word_runs(segments)
-    if not runs:
-        return 0
-    device = runs[0].words.device
-    if not fused(device):
-        return int(runs_digest_torch(runs)) & U64
-    from .body_digest_kernel import runs_digest_triton  # Triton only where it runs
-    with on_device(device):
-        return int(runs_digest_triton(runs)) & U64
+    return BodyRuns(segments).digest()
+
+
+class BodyRuns:
+    """A body's word runs, ready to be hashed, again and again when they are views: a
+    frame whose segments stay the same tensors (a full payload's views of the weights)
+    is hashed on every sync from the same table, on a GPU already on the device."""
+
+    def __init__(self, segments: Iterable[torch.Tensor]):
+        self.runs = word_runs(segments)
+        self.views = not any(run.copied for run in self.runs)
+        """Every run reads the segments themselves: a later digest sees their bytes then."""
+        device = self.runs[0].words.device if self.runs else None
+        self._table = None
+        if device is not None and fused(device):
+            from .body_digest_kernel import RunTable  # Triton only where it runs
+            self._table = RunTable(self.runs)
+
+    def digest(self) -> int:
+        """The digest of the runs' bytes now (one host synchronization)."""
+        if not self.runs:
+            return 0
+        if self._table is None:
+            return int(runs_digest_torch(self.runs)) & U64
+        with on_device(self._table.device):
+            return int(self._table.digest()) & U64
 
 
 def word_runs(segments: Iterable[torch.Tensor]) -> list[Run]:
@@ -86,17 +107,17 @@ def word_runs(segments: Iterable[torch.Tensor]) -> list[Run]:
             taken = min(missing, size)
             segment, offset, size = segment[taken:], offset + taken, size - taken
             if offset % WORD_BYTES == 0:
-                runs.append(Run(as_words(torch.cat(partial)), offset // WORD_BYTES - 1))
+                runs.append(Run(as_words(torch.cat(partial)), offset // WORD_BYTES - 1, True))
                 partial = []
         whole = size // WORD_BYTES * WORD_BYTES
         if whole:
             words = segment if whole == size else segment[:whole]
-            runs.append(Run(as_words(words), offset // WORD_BYTES))
+            runs.append(Run(as_words(words), offset // WORD_BYTES, not _whole_words(words)))
         if size > whole:
             partial.append(segment[whole:])
         offset += size
     if partial:
-        runs.append(Run(as_words(torch.cat(partial)), offset // WORD_BYTES))
+        runs.append(Run(as_words(torch.cat(partial)), offset // WORD_BYTES, True))
     return runs
 
 
@@ -120,13 +141,16 @@ def words_digest_torch(words: torch.Tensor, first_word: int) -> torch.Tensor:
 def as_words(segment: torch.Tensor) -> torch.Tensor:
     """``segment`` (uint8) as int32 words, the last one zero-filled if partial (a view
     when the segment is whole words at a 4-byte aligned address, else one copy)."""
-    whole = segment.numel() % WORD_BYTES == 0 and segment.data_ptr() % WORD_BYTES == 0
-    if not whole:
+    if not _whole_words(segment):
         padded = torch.zeros(-(-segment.numel() // WORD_BYTES) * WORD_BYTES,
                              dtype=torch.uint8, device=segment.device)
         padded[:segment.numel()] = segment
         segment = padded
     return segment.view(torch.int32)
+
+
+def _whole_words(segment: torch.Tensor) -> bool:
+    return segment.numel() % WORD_BYTES == 0 and segment.data_ptr() % WORD_BYTES == 0
 
 
 def keys(position: torch.Tensor) -> torch.Tensor:

@@ -19,6 +19,7 @@ import triton
 import triton.language as tl
 
 from .body_digest import KEY_PERIOD_BITS, MIX_MULTIPLIERS, MIX_OFFSET, MIX_SHIFTS, Run
+from .fields import host_table
 
 TILE = 2048
 """Words per vector step of a program."""
@@ -56,20 +57,35 @@ def _digest(table_ptr, run_of_ptr, n_runs, partial_ptr, MASK: tl.constexpr, OFFS
 
 def runs_digest_triton(runs: Sequence[Run]) -> torch.Tensor:
     """``body_digest.runs_digest_torch`` on a GPU (a 0-d int64 tensor), one launch."""
-    device = runs[0].words.device
-    programs = [triton.cdiv(r.words.numel(), CHUNK) for r in runs]
-    firsts = list(itertools.accumulate(programs, initial=0))
-    total = firsts.pop()
-    # columns: address, first word, words, first program, programs (one copy to the device)
-    host = ([r.words.data_ptr() for r in runs] + [r.first_word for r in runs]
-            + [r.words.numel() for r in runs] + firsts + programs)
-    table = torch.tensor(host, dtype=torch.int64).to(device, non_blocking=True)
-    run_of = torch.repeat_interleave(torch.arange(len(runs), device=device, dtype=torch.int32),
-                                     table[4 * len(runs):], output_size=total)
-    partial = torch.empty(total, dtype=torch.int64, device=device)
-    _digest[(total,)](table, run_of, len(runs), partial, MASK=(1 << KEY_PERIOD_BITS) - 1,
-                      OFFSET=MIX_OFFSET,
-                      SHIFT0=MIX_SHIFTS[0], SHIFT1=MIX_SHIFTS[1], SHIFT2=MIX_SHIFTS[2],
-                      MUL0=MIX_MULTIPLIERS[0], MUL1=MIX_MULTIPLIERS[1], TILE=TILE,
-                      TILES=TILES, num_warps=WARPS)
-    return partial.sum()
+    return RunTable(runs).digest()
+
+
+class RunTable:
+    """The runs as the kernel reads them, on the device: addresses, first words, sizes,
+    and per program its run. Built once, it hashes the runs' current bytes with one
+    launch and no host-to-device copy (the runs' tensors must stay alive)."""
+
+    def __init__(self, runs: Sequence[Run]):
+        self.device = runs[0].words.device
+        programs = [-(-r.words.numel() // CHUNK) for r in runs]
+        firsts = list(itertools.accumulate(programs, initial=0))
+        self.programs = firsts.pop()
+        self.runs = len(runs)
+        # columns: address, first word, words, first program, programs (one copy)
+        self.table = host_table([[r.words.data_ptr() for r in runs], [r.first_word for r in runs],
+                                 [r.words.numel() for r in runs], firsts, programs],
+                                self.device).reshape(-1)
+        self.run_of = torch.repeat_interleave(
+            torch.arange(len(runs), device=self.device, dtype=torch.int32),
+            self.table[4 * len(runs):], output_size=self.programs)
+
+    def digest(self) -> torch.Tensor:
+        """A 0-d int64 tensor: the digest of the runs' bytes now."""
+        partial = torch.empty(self.programs, dtype=torch.int64, device=self.device)
+        _digest[(self.programs,)](self.table, self.run_of, self.runs, partial,
+                                  MASK=(1 << KEY_PERIOD_BITS) - 1, OFFSET=MIX_OFFSET,
+                                  SHIFT0=MIX_SHIFTS[0], SHIFT1=MIX_SHIFTS[1],
+                                  SHIFT2=MIX_SHIFTS[2], MUL0=MIX_MULTIPLIERS[0],
+                                  MUL1=MIX_MULTIPLIERS[1], TILE=TILE, TILES=TILES,
+                                  num_warps=WARPS)
+        return partial.sum()

@@ -6,14 +6,17 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Protocol
 
+import attrs
 import torch
 
+from .body_digest import BodyRuns
 from .errors import EncodeError
 from .fields import batched
 from .flat_encode import encode_delta_flat
 from .frame import Frame
-from .header import NO_BASE, Kind
-from .parts import Part, assemble, dense_part, sparse_part
+from .header import NO_BASE, Entry, Kind
+from .parts import Part, _padded, assemble, checked_header, dense_part, seal_packed, sparse_part
+from .tensor_set import tensor_set
 
 
 class ChangeSet(Protocol):
@@ -36,9 +39,49 @@ def encode_full(tensors: Mapping[str, torch.Tensor], *, stream_id: str, version:
     Raises:
         EncodeError: a name, dtype or version that the format cannot carry.
     """
-    parts = [dense_part(name, tensor) for name, tensor in tensors.items()]
-    return assemble(parts, stream_id=stream_id, kind=Kind.FULL, base_version=NO_BASE,
-                    version=version)
+    layout = full_layout(tensors)
+    header = checked_header(layout.entries, stream_id=stream_id, kind=Kind.FULL,
+                            base_version=NO_BASE, version=version)
+    return seal_packed(header.pack(), layout.segments, layout.digest(),
+                       body_size=header.body_size())
+
+
+@attrs.frozen(eq=False)
+class FullLayout:
+    """A full payload of a set of tensors but for its versions: the entries, the body
+    segments (views of the tensors and the zero padding between them) and their word
+    runs for the body digest."""
+
+    entries: tuple[Entry, ...]
+    segments: tuple[torch.Tensor, ...]
+    runs: BodyRuns
+
+    @classmethod
+    def of(cls, tensors: Mapping[str, torch.Tensor]) -> FullLayout:
+        parts = [dense_part(name, tensor) for name, tensor in tensors.items()]
+        segments = tuple(_padded([s for part in parts for s in part.sections]))
+        return cls(tuple(part.entry for part in parts), segments, BodyRuns(segments))
+
+    def digest(self) -> int:
+        """The body digest of the tensors' bytes now."""
+        return (self.runs if self.runs.views else BodyRuns(self.segments)).digest()
+
+
+def full_layout(tensors: Mapping[str, torch.Tensor]) -> FullLayout:
+    """The layout of ``tensors``, built once per tensor set (``tensor_set``) when every
+    tensor is contiguous on one device, so that its segments are views; others need
+    copies of the values as they are, and are laid out anew.
+
+    The kept segments hold the tensors' memory until their set is rebuilt or dropped
+    (``tensor_set.SET_CACHE``).
+    """
+    known = tensor_set(tensors)
+    if not known.contiguous or known.device is None:
+        return FullLayout.of(tensors)
+    layout = known.caches.get(FullLayout)
+    if layout is None:
+        layout = known.caches[FullLayout] = FullLayout.of(tensors)
+    return layout
 
 
 def encode_delta(tensors: Mapping[str, torch.Tensor], changes: Mapping[str, ChangeSet], *,
@@ -69,10 +112,8 @@ def encode_delta_batched(tensors: Mapping[str, torch.Tensor], changes: Mapping[s
                          *, stream_id: str, base_version: int, version: int) -> Frame:
     """``encode_delta`` of all tensors together (``flat_encode``): a fixed number of device
     passes and two host synchronizations, whatever the number of tensors."""
-    items = [(name, tensor, changes[name]) for name, tensor in tensors.items()
-             if changes[name].indices.numel()]
-    payload = encode_delta_flat(items, stream_id=stream_id, base_version=base_version,
-                                version=version)
+    payload = encode_delta_flat(tensors, changes, stream_id=stream_id,
+                                base_version=base_version, version=version)
     if payload is None:  # a change set that does not fit: the reference raises its error
         payload = encode_delta_per_tensor(tensors, changes, stream_id=stream_id,
                                           base_version=base_version, version=version)

@@ -29,18 +29,20 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+import numpy as np
 import torch
 import triton
 import triton.language as tl
 
 from .dispatch import on_device
 from .fields import block_segments, host_table
-from .header import RESIDUE_DTYPES, IndexEncoding, ValueEncoding
+from .header import IndexEncoding, ValueEncoding
 from .kernel_bits import (bit_length, column, load_uniform, order_key, owned_block, packs,
                           put_fields, put_packed, width_mask)
 
 if TYPE_CHECKING:
     from .encode_plan import Layout
+    from .tensor_set import TensorSet
 
 BLOCK = 1024
 WARPS = 16
@@ -264,41 +266,49 @@ def _write(items, layout, block_seg, segments, codes, counts, before, blocks, wo
 
 
 class FusedFlat:
-    """``flat_encode.TorchFlat``'s interface over the kernels above."""
+    """``flat_encode.TorchFlat``'s interface over the kernels above.
 
-    def __init__(self, tensors: Sequence[torch.Tensor], changes: Sequence, device: torch.device):
-        counts = [c.indices.numel() for c in changes]
-        self.segments, self.device = len(counts), device
+    Args:
+        known: the tensor set (addresses, numel, bits and residue flags per tensor).
+        rows: the tensors that changed, in body order; ``counts``, ``changes`` and
+            ``weights`` (the tensors) are theirs, row by row.
+    """
+
+    def __init__(self, known: TensorSet, rows: np.ndarray, counts: np.ndarray,
+                 changes: Sequence, weights: Sequence[torch.Tensor], device: torch.device):
+        self.segments, self.device = len(rows), device
+        indices = [_indices(c, device) for c in changes]
+        lows = [_in_place(c.base_low, device) for c in changes]
+        highs = [_in_place(c.base_high, device) for c in changes]
+        pointers = known.pointer[rows]
+        copies = [] if known.contiguous else [w.contiguous() for w in weights]
+        if copies:  # a tensor that is not contiguous is read from a contiguous copy
+            pointers = np.array([c.data_ptr() for c in copies], np.int64)
         # kept alive until the kernels that read them through their addresses are queued
-        self._keep = [(_in_place(t, device), _indices(c, device), _in_place(c.base_low, device),
-                       _in_place(c.base_high, device)) for t, c in zip(tensors, changes)]
-        # host arithmetic: triton.cdiv may be a JIT constexpr function, ~60 us a call
-        blocks = [-(-count // BLOCK) for count in counts]
-        firsts, at = [], 0
-        for n in blocks:
-            firsts.append(at)
-            at += n
-        self.blocks = at
-        rows = [counts, firsts, blocks] + [[] for _ in range(_HIGH_AT + 1 - _NUMEL)]
-        for t, i, lo, hi in self._keep:
-            size = t.element_size()
-            for row, value in zip(rows[_NUMEL:], (
-                    t.numel(), size * 8, int(t.dtype in RESIDUE_DTYPES), i.data_ptr(),
-                    i.element_size(), t.data_ptr(), size, lo.data_ptr(), hi.data_ptr())):
-                row.append(value)
-        self.items = host_table(rows, device)
+        self._keep = (indices, lows, highs, copies)
+        blocks = -(-counts // BLOCK)
+        self.blocks = int(blocks.sum())
+        table = known.table
+        columns = np.stack([counts, np.cumsum(blocks) - blocks, blocks, table.numel[rows],
+                            known.bits[rows], table.residue[rows],
+                            np.array([i.data_ptr() for i in indices], np.int64),
+                            np.array([i.element_size() for i in indices], np.int64),
+                            pointers, table.itemsize[rows],
+                            np.array([b.data_ptr() for b in lows], np.int64),
+                            np.array([b.data_ptr() for b in highs], np.int64)]).astype(np.int64)
+        self.items = host_table(columns, device)
         self.block_seg = block_segments(self.items[_BLOCKS], self.blocks)
         self.codes = torch.empty(self.blocks * BLOCK, dtype=torch.uint8, device=device)
 
     def stats(self, bins: int) -> torch.Tensor:
-        """On the host, per tensor: gaps over a byte, invalid indices, and the histogram
+        """On the device, per tensor: gaps over a byte, invalid indices, and the histogram
         of the residue widths ``0..bins-1`` that values need (``TorchFlat.stats``)."""
         out = torch.zeros(self.segments, 2 + HIST_BINS, dtype=_INT64, device=self.device)
         if self.blocks:
             with on_device(self.device):
                 _stats[(self.blocks,)](self.items, self.block_seg, self.segments, self.codes,
                                        out, BLOCK=BLOCK, BINS=HIST_BINS, num_warps=WARPS)
-        return torch.cat([out[:, 0], out[:, 1], out[:, 2:2 + bins].reshape(-1)]).cpu()
+        return torch.cat([out[:, 0], out[:, 1], out[:, 2:2 + bins].reshape(-1)])
 
     def write(self, layout: Layout) -> torch.Tensor:
         """The body laid out by ``layout`` as uint8 on the device, dense entries left zero."""

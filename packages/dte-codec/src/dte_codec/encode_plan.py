@@ -7,12 +7,11 @@ case, which ``indices.encode_indices`` and ``values.encode_values`` call) pick t
 smallest encoding with the reference's tie order; ``Entry.section_sizes`` and the dense
 fallback follow in closed form; the layout is a prefix sum over the aligned sections.
 What depends only on the tensors (names, dtypes, shapes) is kept per tensor set
-(``tensor_table``), so a sync over the same tensors rebuilds none of it.
+(``tensor_set``, whose ``tensor_table`` a sync takes its changed rows from).
 """
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Sequence
 
 import attrs
@@ -20,6 +19,7 @@ import numpy as np
 import torch
 
 from .bits import BYTE_BITS
+from .entry_pack import FIELDS
 from .fields import host_table
 from .header import (ALIGNMENT, INDEX32_LIMIT, RESIDUE_DTYPES, Entry, IndexEncoding,
                      ValueEncoding)
@@ -133,15 +133,21 @@ class TensorTable:
     itemsize: np.ndarray
     residue: np.ndarray
 
+    def take(self, rows: np.ndarray) -> TensorTable:
+        """The table of the tensors ``rows`` (an int array), in that order."""
+        picked = rows.tolist()
+        return TensorTable(tuple(self.names[r] for r in picked),
+                           tuple(self.dtypes[r] for r in picked),
+                           tuple(self.shapes[r] for r in picked), self.numel[rows],
+                           self.itemsize[rows], self.residue[rows])
 
-@functools.lru_cache(maxsize=8)
-def tensor_table(tensors: tuple[tuple[str, torch.dtype, tuple[int, ...]], ...]) -> TensorTable:
-    """The table of ``(name, dtype, shape)`` triples, built once per distinct set."""
+
+def tensor_table(tensors: Sequence[tuple[str, torch.dtype, tuple[int, ...]]]) -> TensorTable:
+    """The table of ``(name, dtype, shape)`` triples."""
     names, dtypes, shapes = zip(*tensors) if tensors else ((), (), ())
-    itemsize = [torch.empty((), dtype=d).element_size() for d in dtypes]
-    return TensorTable(names, dtypes, shapes,
+    return TensorTable(tuple(names), tuple(dtypes), tuple(tuple(s) for s in shapes),
                        np.array([int(np.prod(s, dtype=np.int64)) for s in shapes], np.int64),
-                       np.array(itemsize, np.int64),
+                       np.array([d.itemsize for d in dtypes], np.int64),
                        np.array([d in RESIDUE_DTYPES for d in dtypes], bool))
 
 
@@ -168,10 +174,30 @@ class Layout:
 
 @attrs.frozen
 class Plan:
-    """The entries the reference encoder would write, and where their fields go."""
+    """The entries the reference encoder would write, as columns, and where their fields
+    go."""
 
-    entries: tuple[Entry, ...]
+    table: TensorTable
+    count: np.ndarray
+    index: IndexChoice
+    value: ValueChoice
     layout: Layout
+
+    def entries(self) -> tuple[Entry, ...]:
+        """The entries as ``Entry`` objects."""
+        return _entries(self.table, self.count, self.index, self.value)
+
+    def fields(self) -> np.ndarray:
+        """The entries' per-sync fields as ``entry_pack.FIELDS`` records."""
+        fields = np.zeros(len(self.count), FIELDS)
+        for name, column in (("count", self.count), ("index_encoding", self.index.encoding),
+                             ("index_width", self.index.width),
+                             ("index_escapes", self.index.escapes),
+                             ("value_encoding", self.value.encoding),
+                             ("value_width", self.value.width),
+                             ("value_escapes", self.value.escapes)):
+            fields[name] = column
+        return fields
 
 
 def plan(table: TensorTable, count: np.ndarray, *, gap_escapes: np.ndarray, hist: np.ndarray,
@@ -196,7 +222,7 @@ def plan(table: TensorTable, count: np.ndarray, *, gap_escapes: np.ndarray, hist
     columns = _columns(count, table, index, value, starts, dense)
     layout = Layout(host_table(columns, device), np.where(dense, starts[:, 0] // BYTE_BITS, -1),
                     int(ends[-1, -1]) if len(ends) else 0)
-    return Plan(_entries(table, count, index, value), layout)
+    return Plan(table, count, index, value, layout)
 
 
 def _section_sizes(count: np.ndarray, table: TensorTable, index: IndexChoice,

@@ -188,7 +188,7 @@ def host_table(columns: list[list[int]] | np.ndarray, device: torch.device) -> t
 
     One host-to-device copy; from pinned memory on CUDA, so it does not wait for the GPU.
     """
-    table = torch.tensor(columns, dtype=_INT64)
+    table = torch.tensor(np.asarray(columns, dtype=np.int64))
     if device.type == "cuda":
         return table.pin_memory().to(device, non_blocking=True)
     return table.to(device)

@@ -11,11 +11,13 @@ payload whatever the number of tensors:
    residue widths. One copy to the host (sync 1).
 2. On the host, every encoding follows in closed form from those numbers and the tensor's
    count and numel, with a few numpy ops over all tensors (``encode_plan``: encodings,
-   dense fallback, entries and body layout; what depends only on the tensor set is kept
-   across syncs).
+   dense fallback, entries and body layout). What depends only on the tensor set (names,
+   dtypes, shapes, addresses, each entry's packed bytes) is kept across syncs
+   (``tensor_set``), so the Python per tensor left in a sync is reading its change set.
 3. One pass writes every field of every winning encoding into one zeroed body buffer on
-   the device; dense entries are copied in; the body stays there and its digest comes
-   to the host (sync 2).
+   the device; dense entries are copied in; while the device writes, the header is
+   packed from the plan's columns (``entry_pack``); the body stays there and its digest
+   comes to the host (sync 2).
 
 On a GPU with Triton (``dispatch.fused``) the device work is three fused kernels
 (``encode_kernel``) that read the change sets and tensors in place: one byte per element
@@ -28,20 +30,21 @@ reference path, which raises the error it always raised.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
-import attrs
 import numpy as np
 import torch
 
 from .bits import BYTE_BITS, bit_length, order_keys_by_width, width_mask
+from .body_digest import body_digest
 from .dispatch import fused
-from .encode_plan import Layout, plan, tensor_table
+from .encode_plan import Layout, plan
 from .fields import Body, Segments, host_table
-from .header import DTYPE_CODES, MAX_NAME_BYTES, RESIDUE_DTYPES, IndexEncoding, Kind, ValueEncoding
+from .header import RESIDUE_DTYPES, IndexEncoding, Kind, ValueEncoding, pack_head
 from .indices import MAX_GAP_BYTE
-from .parts import checked_header, seal
+from .parts import checked_header, seal, seal_packed
+from .tensor_set import TensorSet, tensor_set
 
 if TYPE_CHECKING:
     from .encode import ChangeSet
@@ -51,67 +54,65 @@ if TYPE_CHECKING:
 _INT64 = torch.int64
 
 
-@attrs.frozen
-class _Item:
-    name: str
-    tensor: torch.Tensor
-    change: ChangeSet
-
-    @property
-    def count(self) -> int:
-        return self.change.indices.numel()
-
-
-def encode_delta_flat(items: Sequence[tuple[str, torch.Tensor, ChangeSet]], *, stream_id: str,
-                      base_version: int, version: int) -> Frame | None:
-    """The delta payload of the non-empty change sets ``items``, or None when a change set
-    does not fit its tensor (the caller then raises the reference path's error)."""
-    todo = [_Item(*item) for item in items]
-    if not todo or not all(_fits(item) for item in todo):
-        return None if todo else seal(checked_header([], stream_id=stream_id, kind=Kind.DELTA,
-                                                     base_version=base_version, version=version),
-                                      torch.empty(0, dtype=torch.uint8))
-    device = todo[0].tensor.device
-    if any(item.tensor.device != device for item in todo):
+def encode_delta_flat(tensors: Mapping[str, torch.Tensor], changes: Mapping[str, ChangeSet], *,
+                      stream_id: str, base_version: int, version: int) -> Frame | None:
+    """The delta payload of ``tensors`` with one change set each (the non-empty ones are
+    sent), or None when a change set does not fit its tensor or the tensors are not on
+    one device (the caller then takes the reference path, which raises its error)."""
+    known = tensor_set(tensors)
+    found = [changes[name] for name in known.names]
+    counts = np.array([c.indices.numel() for c in found], np.int64)
+    rows = np.flatnonzero(counts)
+    if not len(rows):
+        return seal(checked_header([], stream_id=stream_id, kind=Kind.DELTA,
+                                   base_version=base_version, version=version),
+                    torch.empty(0, dtype=torch.uint8))
+    device, picked, count = known.device, rows.tolist(), counts[rows]
+    todo = [found[r] for r in picked]
+    if device is None or not known.encodable[rows].all() or not _bounds_fit(
+            [known.table.dtypes[r] for r in picked], count.tolist(), todo):
         return None
-    flat = _flat(todo, device)
-    table = tensor_table(tuple((item.name, item.tensor.dtype, tuple(item.tensor.shape))
-                               for item in todo))
-    bits = table.itemsize[table.residue] * BYTE_BITS
+    weights = list(tensors.values())
+    flat = _flat(known, rows, count, todo, [weights[r] for r in picked], device)
+    bits = known.bits[rows][known.table.residue[rows]]
     bins = int(bits.max()) if len(bits) else 0
-    stats = flat.stats(bins).numpy()  # host sync 1 of 2
-    segments = len(todo)
+    stats = flat.stats(bins).cpu().numpy()  # host sync 1 of 2
+    segments = len(picked)
     if stats[segments:2 * segments].any():  # invalid indices
         return None
-    chosen = plan(table, np.array([item.count for item in todo], np.int64),
-                  gap_escapes=stats[:segments], hist=stats[2 * segments:].reshape(segments, bins),
-                  device=device)
-    header = checked_header(chosen.entries, stream_id=stream_id, kind=Kind.DELTA,
-                            base_version=base_version, version=version)
+    chosen = plan(known.table.take(rows), count, gap_escapes=stats[:segments],
+                  hist=stats[2 * segments:].reshape(segments, bins), device=device)
+    header = checked_header([], stream_id=stream_id, kind=Kind.DELTA, base_version=base_version,
+                            version=version)
     body = flat.write(chosen.layout)
     for s in np.flatnonzero(chosen.layout.dense_offsets >= 0).tolist():
         offset = int(chosen.layout.dense_offsets[s])
-        data = todo[s].tensor.detach().contiguous().reshape(-1).view(torch.uint8)
+        data = weights[picked[s]].detach().contiguous().reshape(-1).view(torch.uint8)
         body[offset:offset + data.numel()].copy_(data)
-    return seal(header, body)  # host sync 2 of 2: the body digest
+    # packed while the device writes the body
+    head = pack_head(header, entries=segments, table=known.templates.pack(rows, chosen.fields()),
+                     body_size=chosen.layout.size)
+    return seal_packed(head, (body,), body_digest((body,)),  # host sync 2 of 2
+                       body_size=chosen.layout.size)
 
 
-def _flat(todo: list[_Item], device: torch.device) -> TorchFlat | FusedFlat:
+def _flat(known: TensorSet, rows: np.ndarray, counts: np.ndarray, changes: list,
+          weights: list[torch.Tensor], device: torch.device) -> TorchFlat | FusedFlat:
     """The fused kernels where they run (``dispatch.fused``), else the torch ops."""
     if fused(device):
         from .encode_kernel import FusedFlat
-        return FusedFlat([item.tensor for item in todo], [item.change for item in todo],
-                         device)
-    return TorchFlat.gather(todo, device)
+        return FusedFlat(known, rows, counts, changes, weights, device)
+    return TorchFlat.gather(weights, changes, device)
 
 
-def _fits(item: _Item) -> bool:
-    """Every check of the reference that needs no device value."""
-    n, dtype = item.count, item.tensor.dtype
-    name_ok = len(item.name.encode()) <= MAX_NAME_BYTES and dtype in DTYPE_CODES
-    bounds = (item.change.base_low, item.change.base_high)
-    bounds_ok = all(b.dtype == dtype and tuple(b.shape) == (n,) for b in bounds)
-    return name_ok and item.tensor.numel() > 0 and bounds_ok
+def _bounds_fit(dtypes: list[torch.dtype], counts: list[int], changes: Sequence) -> bool:
+    """Every bound has its tensor's dtype and one value per index (the reference's checks
+    that need no device value, besides those of the tensor set)."""
+    shapes = [(n,) for n in counts]
+    for bounds in ([c.base_low for c in changes], [c.base_high for c in changes]):
+        if [b.dtype for b in bounds] != dtypes or [b.shape for b in bounds] != shapes:
+            return False
+    return True
 
 
 class TorchFlat:
@@ -134,29 +135,30 @@ class TorchFlat:
         self.need = torch.where(residue > 0, 1 + bit_length(span - 1), 0)
 
     @classmethod
-    def gather(cls, todo: list[_Item], device: torch.device) -> TorchFlat:
-        segs = Segments.of([item.count for item in todo], device)
-        table = host_table([[item.tensor.numel() for item in todo],
-                            [item.tensor.element_size() * BYTE_BITS for item in todo],
-                            [int(item.tensor.dtype in RESIDUE_DTYPES) for item in todo]], device)
-        idx = torch.cat([item.change.indices.reshape(-1).to(device) for item in todo]).to(_INT64)
+    def gather(cls, weights: list[torch.Tensor], changes: list, device: torch.device
+               ) -> TorchFlat:
+        segs = Segments.of([c.indices.numel() for c in changes], device)
+        table = host_table([[w.numel() for w in weights],
+                            [w.element_size() * BYTE_BITS for w in weights],
+                            [int(w.dtype in RESIDUE_DTYPES) for w in weights]], device)
+        idx = torch.cat([c.indices.reshape(-1).to(device) for c in changes]).to(_INT64)
         # Gather at clamped indices: an invalid one is reported after the statistics, and
         # must not trip a device assert first.
         safe = torch.minimum(idx.clamp(min=0), segs.spread(table[0]) - 1)
-        values = [_int_view(item.tensor.reshape(-1)).index_select(0, p)
-                  for item, p in zip(todo, safe.split(list(segs.counts)))]
-        lows = [_int_view(item.change.base_low.to(device)) for item in todo]
-        highs = [_int_view(item.change.base_high.to(device)) for item in todo]
+        values = [_int_view(w.reshape(-1)).index_select(0, p)
+                  for w, p in zip(weights, safe.split(list(segs.counts)))]
+        lows = [_int_view(c.base_low.to(device)) for c in changes]
+        highs = [_int_view(c.base_high.to(device)) for c in changes]
         bits = segs.spread(table[1])
         return cls(segs, table, idx, *(_patterns(torch.cat(v), bits)
                                        for v in (values, lows, highs)))
 
     def stats(self, bins: int) -> torch.Tensor:
-        """On the host, per tensor: gaps over a byte, invalid indices, and the histogram
+        """On the device, per tensor: gaps over a byte, invalid indices, and the histogram
         of the residue widths ``0..bins-1`` that values need."""
         segs = self.segs
         hist = segs.histogram(self.need, bins).reshape(-1)
-        return torch.cat([segs.sums(self.wide), segs.sums(self.bad), hist]).cpu()
+        return torch.cat([segs.sums(self.wide), segs.sums(self.bad), hist])
 
     def write(self, layout: Layout) -> torch.Tensor:
         """The body laid out by ``layout`` as uint8 on the device, dense entries left zero."""

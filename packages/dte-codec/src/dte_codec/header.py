@@ -252,12 +252,8 @@ class Header:
     def pack(self) -> bytes:
         """Header bytes with zero digest fields, padded to the body's alignment."""
         table = (_pack_table if self.kind == Kind.FULL else _pack_entries)(self.entries)
-        stream = self.stream_id.encode()
-        length = _PRELUDE.size + len(stream) + len(table)
-        prelude = _PRELUDE.pack(MAGIC, CODEC_VERSION, self.kind, 0, length, len(self.entries),
-                                self.base_version, self.payload_version, self.body_size(), 0,
-                                len(stream), 0)
-        return (prelude + stream + table).ljust(align(length), b"\0")
+        return pack_head(self, entries=len(self.entries), table=table,
+                         body_size=self.body_size())
 
     @classmethod
     def unpack(cls, data: memoryview) -> tuple[Header, int]:
@@ -272,6 +268,17 @@ class Header:
         header, offset = _Reader(head, len(head) + body_size).header()
         _check(None, "header bytes", offset, len(head), offset == len(head))
         return header
+
+
+def pack_head(header: Header, *, entries: int, table: bytes, body_size: int) -> bytes:
+    """``header.pack()`` with its entry table given as ``entries`` packed entries
+    (``table``) and the body size: for an encoder that packs the table itself."""
+    stream = header.stream_id.encode()
+    length = _PRELUDE.size + len(stream) + len(table)
+    prelude = _PRELUDE.pack(MAGIC, CODEC_VERSION, header.kind, 0, length, entries,
+                            header.base_version, header.payload_version, body_size, 0,
+                            len(stream), 0)
+    return (prelude + stream + table).ljust(align(length), b"\0")
 
 
 def header_digest(data: bytes | bytearray | memoryview) -> int:

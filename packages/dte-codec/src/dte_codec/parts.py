@@ -131,11 +131,20 @@ def seal(header: Header, *segments: torch.Tensor) -> Frame:
     with both digests set: the body's computed where it lives, one pass over all segments
     (one host synchronization)."""
     segments = tuple(s if s.dim() == 1 else s.reshape(-1) for s in segments)
-    head = bytearray(header.pack())
-    struct.pack_into("<Q", head, BODY_DIGEST_OFFSET, body_digest(segments))
+    return seal_packed(header.pack(), segments, body_digest(segments),
+                       body_size=header.body_size())
+
+
+def seal_packed(head: bytes, segments: tuple[torch.Tensor, ...], digest: int, *,
+                body_size: int) -> Frame:
+    """The frame of the packed header ``head`` (``Header.pack``: digest fields zero) and
+    the body made of the 1-D uint8 ``segments`` of ``body_size`` bytes, whose body digest
+    is ``digest``: both digest fields set."""
+    head = bytearray(head)
+    struct.pack_into("<Q", head, BODY_DIGEST_OFFSET, digest)
     struct.pack_into("<Q", head, DIGEST_OFFSET, header_digest(head))
     frame = Frame(bytes(head), segments)
-    assert frame.body_size == header.body_size(), "body does not fit header"
+    assert frame.body_size == body_size, "body does not fit header"
     return frame
 
 
