@@ -165,3 +165,28 @@ def test_adamw_after_loading_optimizer_state_is_a_delta():
 def test_public_api():
     """The package root exports exactly its documented names."""
     assert {"Method", "TorchActor"} == set(areal_dte.__all__)
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=[
+    pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")])])
+def test_copy_all_casts_as_copy_does(device):
+    """The grouped multi-tensor copy gives ``copy_``'s bits: fp32 -> bf16/fp16 rounding
+    (ties, overflow to inf, subnormals, NaN payloads, -0), several shapes and dtypes, one
+    pair on another device."""
+    from areal_dte.torch_actor import copy_all
+    gen = torch.Generator().manual_seed(3)
+    special = torch.tensor([0.0, -0.0, float("inf"), -float("inf"), float("nan"), 1e-40,
+                            -3e-39, 3.4e38, 65520.0, 1.00390625, 1.01171875, -2.0 ** -133])
+    masters = [torch.cat([special, torch.randn(4000, generator=gen) * 10.0 ** k])
+               .reshape(-1, 4).to(device) for k in range(-6, 4, 3)]
+    masters.append(torch.randn(7, 3, generator=gen).to(device))
+    nan_payload = torch.tensor([0x7FC01234, 0xFF800001], dtype=torch.int64).to(torch.int32)
+    masters.append(nan_payload.view(torch.float32).to(device))
+    dtypes = [torch.bfloat16, torch.bfloat16, torch.float16, torch.bfloat16, torch.float16,
+              torch.bfloat16]
+    targets = [torch.zeros(m.shape, dtype=d, device=device) for m, d in zip(masters, dtypes)]
+    targets[-2] = targets[-2].cpu()  # a pair across devices, where there are two
+    expected = [torch.empty_like(t).copy_(m) for t, m in zip(targets, masters)]
+    copy_all(targets, masters)
+    assert [e.view(torch.int16).tolist() for e in expected] == [
+        t.view(torch.int16).tolist() for t in targets]

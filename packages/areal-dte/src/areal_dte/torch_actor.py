@@ -188,8 +188,8 @@ class TorchActor:
             self._cast.record_and_copy_all(
                 {name: (self.masters[name].detach(), self.model[name]) for name in names})
         else:
-            for name in names:
-                self.model[name].copy_(self.masters[name].detach())
+            copy_all([self.model[name] for name in names],
+                     [self.masters[name].detach() for name in names])
         self._masters_seen.mark(names)
         self._model_seen.mark(names)
 
@@ -221,3 +221,22 @@ class TorchActor:
         elif self.method == Method.CAST:
             self._cast.clear()
         self._full_reason = None
+
+
+def copy_all(targets: list[torch.Tensor], sources: list[torch.Tensor]) -> None:
+    """``target.copy_(source)`` for every pair: one multi-tensor launch per group of
+    pairs on one device with one target and one source dtype (``torch._foreach_copy_``,
+    the same elementwise cast as ``copy_``, bit for bit), instead of a launch per tensor.
+    """
+    groups: dict[tuple, tuple[list[torch.Tensor], list[torch.Tensor]]] = {}
+    for target, source in zip(targets, sources, strict=True):
+        group = groups.setdefault((target.device, source.device, target.dtype, source.dtype),
+                                  ([], []))
+        group[0].append(target)
+        group[1].append(source)
+    for (target_device, source_device, _, _), (group_targets, group_sources) in groups.items():
+        if target_device == source_device:
+            torch._foreach_copy_(group_targets, group_sources)
+        else:
+            for target, source in zip(group_targets, group_sources):
+                target.copy_(source)
