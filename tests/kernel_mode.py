@@ -25,3 +25,25 @@ needs_triton = pytest.mark.skipif(importlib.util.find_spec("triton") is None,
 def kernels() -> contextlib.AbstractContextManager[None]:
     """Inside: the kernels take this device's tensors."""
     return contextlib.nullcontext() if CUDA else interpreted()
+
+
+CODEC_KERNELS = {"encode": ("encode_kernel", ("_stats", "_escape_counts", "_write")),
+                 "digest": ("body_digest_kernel", ("_digest",)),
+                 "decode": ("decode_kernel", ("_fields", "_gaps", "_stream", "_check")),
+                 "values": ("values_kernel", ("_escaped", "_resolve")),
+                 "scatter": ("scatter_kernel", ("_move",)),
+                 "route": ("route_kernel", ("_route", "_move")),
+                 "box": ("box_copy_kernel", ("_copy",))}
+"""Every Triton kernel of ``dte_codec``: per group, its module and kernel names."""
+
+
+def compiled_codec_kernels() -> dict[str, int]:
+    """Compiled variants of every codec kernel (``CODEC_KERNELS``), over all devices."""
+    counts = {}
+    for group, (module, names) in CODEC_KERNELS.items():
+        loaded = importlib.import_module(f"dte_codec.{module}")
+        for name in names:
+            kernel = getattr(loaded, name)
+            counts[f"{group}.{name}"] = sum(len(caches[0])
+                                            for caches in kernel.device_caches.values())
+    return counts

@@ -190,3 +190,32 @@ def test_copy_all_casts_as_copy_does(device):
     copy_all(targets, masters)
     assert [e.view(torch.int16).tolist() for e in expected] == [
         t.view(torch.int16).tolist() for t in targets]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="counts compiled CUDA kernels")
+@pytest.mark.parametrize("method", [Method.ADAMW, Method.CAST])
+def test_first_syncs_compile_no_codec_kernel(method):
+    """Built on CUDA, ``TorchActor`` and a ``Receiver`` staging into SGLang TP shards warm
+    the codec up: the first full sync and the first deltas compile no codec kernel."""
+    from areal_dte.shard_stage import ShardStage
+    from dte_codec.geometry import materialize
+    from dte_codec.layouts import hf_shard
+    from dte_codec.sglang_layout import SGLangLayout, sglang_shard
+    from kernel_mode import compiled_codec_kernels
+    from test_shard_stage import DENSE, _canonical
+
+    canonical = _canonical(DENSE, seed=1)
+    masters = {n: torch.nn.Parameter(t.float().cuda()) for n, t in canonical.items()}
+    shard = sglang_shard(DENSE, SGLangLayout(tp=2, vocab_padding=3), rank=1)
+    local = {n: t.cuda() for n, t in materialize(shard, canonical).items()}
+    receiver = Receiver(local, stage=ShardStage.of(hf_shard(DENSE), shard, local))
+    actor = TorchActor(masters, torch.optim.AdamW(masters.values(), lr=1e-2),
+                       Sender(Loopback(receiver)), method=method)
+    before = compiled_codec_kernels()
+    kinds = [actor.sync(1).kind]
+    for version in (2, 3):
+        train(actor)
+        kinds.append(actor.sync(version).kind)
+    assert [SyncKind.FULL, SyncKind.DELTA, SyncKind.DELTA] == kinds
+    assert before == compiled_codec_kernels()

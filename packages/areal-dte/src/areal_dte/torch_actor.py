@@ -18,6 +18,7 @@ import enum
 import logging
 from collections.abc import Callable, Iterable, Mapping
 
+import dte_codec
 import torch
 from dte_detector import CastDetector, ChangeSet, Snapshot, warm_up
 from dte_detector.errors import PrecisionError
@@ -99,6 +100,8 @@ class TorchActor:
         if method in (Method.ADAMW, Method.CAST):  # compile now, not in the first delta sync
             for device in {m.device for m in self.masters.values()}:
                 warm_up(device, payloads=set(dtypes.values()))
+        for device in {t.device for t in self.model.values()}:  # the codec's kernels too
+            dte_codec.warm_up(device, payloads=set(dtypes.values()))
         if method == Method.ADAMW:  # the loaded steps are not the ones the rollout has seen
             optimizer.register_load_state_dict_post_hook(
                 lambda _: self._needs_full(OPTIMIZER_LOADED))

@@ -13,6 +13,7 @@ from .encode import ChangeSet, encode_delta, encode_full
 from .errors import CodecError
 from .frame import Frame
 from .header import Header, Kind
+from .warmup import warm_up
 
 __all__ = [
     "ChangeSet",
@@ -26,4 +27,5 @@ __all__ = [
     "digests",
     "encode_delta",
     "encode_full",
+    "warm_up",
 ]

@@ -29,7 +29,7 @@ CHUNK = TILE * TILES
 WARPS = 4
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n_runs"])  # a frame's run count is no compile-time fact
 def _digest(table_ptr, run_of_ptr, n_runs, partial_ptr, MASK: tl.constexpr, OFFSET: tl.constexpr,
             SHIFT0: tl.constexpr, SHIFT1: tl.constexpr, SHIFT2: tl.constexpr,
             MUL0: tl.constexpr, MUL1: tl.constexpr, TILE: tl.constexpr, TILES: tl.constexpr):

@@ -6,7 +6,7 @@ import logging
 from collections.abc import Callable, Mapping, MutableMapping
 
 import torch
-from dte_codec import CodecError, Frame, Kind, Payload, decode
+from dte_codec import CodecError, Frame, Kind, Payload, decode, warm_up
 from dte_codec.digest import digests as tensor_digests
 from dte_codec.apply import Prepared, prepare
 from dte_codec.errors import ApplyError, MismatchError
@@ -37,6 +37,8 @@ class Receiver:
             frame whose body is already there is decoded in place, with no copy).
         stage: how a payload maps onto ``weights``; another layout (the rollout's fused,
             sharded tensors) brings its own.
+
+    Built on a CUDA device, it compiles the codec's kernels first (``dte_codec.warm_up``).
     """
 
     def __init__(self, weights: MutableMapping[str, torch.Tensor], *,
@@ -45,6 +47,8 @@ class Receiver:
         self.device = torch.device(device) if device is not None else next(
             (t.device for t in weights.values()), torch.device("cpu"))
         self.stage = stage
+        # compile the codec's kernels now, not in the first sync
+        warm_up(self.device, payloads=[t.dtype for t in weights.values()])
         self.version: int | None = None
         self.stream_id: str | None = None
 
