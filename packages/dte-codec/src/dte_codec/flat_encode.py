@@ -57,8 +57,9 @@ _INT64 = torch.int64
 def encode_delta_flat(tensors: Mapping[str, torch.Tensor], changes: Mapping[str, ChangeSet], *,
                       stream_id: str, base_version: int, version: int) -> Frame | None:
     """The delta payload of ``tensors`` with one change set each (the non-empty ones are
-    sent), or None when a change set does not fit its tensor or the tensors are not on
-    one device (the caller then takes the reference path, which raises its error)."""
+    sent), or None when a change set does not fit its tensor or the changed tensors are
+    not on one device (the caller then takes the reference path, which raises its
+    error)."""
     known = tensor_set(tensors)
     found = [changes[name] for name in known.names]
     counts = np.array([c.indices.numel() for c in found], np.int64)
@@ -67,11 +68,13 @@ def encode_delta_flat(tensors: Mapping[str, torch.Tensor], changes: Mapping[str,
         return seal(checked_header([], stream_id=stream_id, kind=Kind.DELTA,
                                    base_version=base_version, version=version),
                     torch.empty(0, dtype=torch.uint8))
-    device, picked, count = known.device, rows.tolist(), counts[rows]
+    picked, count = rows.tolist(), counts[rows]
+    devices = {known.key.devices[r] for r in picked} if known.device is None else {known.device}
     todo = [found[r] for r in picked]
-    if device is None or not known.encodable[rows].all() or not _bounds_fit(
+    if len(devices) > 1 or not known.encodable[rows].all() or not _bounds_fit(
             [known.table.dtypes[r] for r in picked], count.tolist(), todo):
         return None
+    device = devices.pop()
     weights = list(tensors.values())
     flat = _flat(known, rows, count, todo, [weights[r] for r in picked], device)
     bits = known.bits[rows][known.table.residue[rows]]
