@@ -40,6 +40,14 @@ def test_bench_actor_checks_runs():
     assert lines[1].startswith("| 20") and lines[1].count("|") == 10
 
 
+def test_bench_encode_host_runs():
+    """The encoders' host-time benchmark prints one Markdown row for both encoders."""
+    (row,) = run_tool("tools/bench_encode_host.py", "--reps", "2")
+    assert re.fullmatch(r"\| encode host  \| 290 tensors, 145 changed \| encode_delta [\d.]+ ms "
+                        r"\(least [\d.]+\) \| encode_full [\d.]+ ms \(least [\d.]+\) \|.* \|.* \| "
+                        r"\d{4}-\d\d-\d\d \|", row), row
+
+
 @pytest.mark.parametrize("gpus", ["1", "2"])
 def test_bench_sync_smoke_is_bitwise(tmp_path, gpus):
     """The sync benchmark on a tiny model on the CPU (two ranks over gloo for ``--gpus

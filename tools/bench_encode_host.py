@@ -16,6 +16,7 @@ its ``src`` folders) for before/after figures on one machine.
 from __future__ import annotations
 
 import argparse
+import datetime
 import statistics
 import time
 from types import SimpleNamespace
@@ -23,6 +24,7 @@ from types import SimpleNamespace
 import torch
 from dte_codec import body_digest_kernel, dispatch, encode_full, encode_kernel
 from dte_codec.encode import encode_delta_batched
+from provenance import git_sha, machine
 
 
 class _NoLaunch:
@@ -95,7 +97,8 @@ def main() -> None:
     changed = sum(1 for c in change.values() if c.indices.numel())
     print(f"| encode host {a.label} | {len(weights)} tensors, {changed} changed | encode_delta "
           f"{delta[0]:.2f} ms (least {delta[1]:.2f}) | encode_full {full[0]:.2f} ms "
-          f"(least {full[1]:.2f}) |")
+          f"(least {full[1]:.2f}) | {machine('cpu')} | {git_sha()} | "
+          f"{datetime.date.today()} |")
 
 
 if __name__ == "__main__":
