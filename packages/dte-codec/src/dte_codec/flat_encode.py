@@ -79,11 +79,13 @@ def encode_delta_flat(tensors: Mapping[str, torch.Tensor], changes: Mapping[str,
     flat = _flat(known, rows, count, todo, [weights[r] for r in picked], device)
     bits = known.bits[rows][known.table.residue[rows]]
     bins = int(bits.max()) if len(bits) else 0
-    stats = flat.stats(bins).cpu().numpy()  # host sync 1 of 2
+    pending = flat.stats(bins)
+    table, templates = known.table.take(rows), known.templates  # while the device counts
+    stats = pending.cpu().numpy()  # host sync 1 of 2
     segments = len(picked)
     if stats[segments:2 * segments].any():  # invalid indices
         return None
-    chosen = plan(known.table.take(rows), count, gap_escapes=stats[:segments],
+    chosen = plan(table, count, gap_escapes=stats[:segments],
                   hist=stats[2 * segments:].reshape(segments, bins), device=device)
     header = checked_header([], stream_id=stream_id, kind=Kind.DELTA, base_version=base_version,
                             version=version)
@@ -93,7 +95,7 @@ def encode_delta_flat(tensors: Mapping[str, torch.Tensor], changes: Mapping[str,
         data = weights[picked[s]].detach().contiguous().reshape(-1).view(torch.uint8)
         body[offset:offset + data.numel()].copy_(data)
     # packed while the device writes the body
-    head = pack_head(header, entries=segments, table=known.templates.pack(rows, chosen.fields()),
+    head = pack_head(header, entries=segments, table=templates.pack(rows, chosen.fields()),
                      body_size=chosen.layout.size)
     return seal_packed(head, (body,), body_digest((body,)),  # host sync 2 of 2
                        body_size=chosen.layout.size)
