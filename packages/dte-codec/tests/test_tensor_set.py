@@ -7,7 +7,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from dte_codec import decode, encode_full
+from kernel_mode import DEVICE, kernels, needs_triton
+
+from dte_codec import body_digest, decode, encode_full
+from dte_codec.dispatch import reference
 from dte_codec.encode import FullLayout, full_layout
 from dte_codec.entry_pack import FIELDS, EntryTemplates
 from dte_codec.header import NO_BASE, Entry, IndexEncoding, Kind, ValueEncoding, _pack_entries
@@ -126,3 +129,20 @@ def test_entry_templates_pack_what_the_header_packs():
             fields[name] = [int(getattr(e, name)) for e in entries]
     assert _pack_entries(tuple(entries)) == templates.pack(np.array([0, 2, 3]), fields)
     assert b"" == templates.pack(np.array([], np.int64), fields[:0])
+
+
+@needs_triton
+def test_kept_full_layout_follows_the_reference_switch(monkeypatch):
+    """A layout kept from a sync on the digest kernel hashes with the torch reference
+    inside ``dispatch.reference()``, to the same payload."""
+    weights = {name: t.to(DEVICE) for name, t in _weights().items()}
+    with kernels():
+        first = bytes(encode_full(weights, stream_id="s", version=1))
+    calls = []
+    torch_digest = body_digest.runs_digest_torch
+    monkeypatch.setattr(body_digest, "runs_digest_torch",
+                        lambda runs: calls.append(len(runs)) or torch_digest(runs))
+    with kernels(), reference():
+        second = bytes(encode_full(weights, stream_id="s", version=1))
+    assert first == second
+    assert [len(full_layout(weights).runs.runs)] == calls

@@ -77,19 +77,20 @@ class BodyRuns:
         self.runs = word_runs(segments)
         self.views = not any(run.copied for run in self.runs)
         """Every run reads the segments themselves: a later digest sees their bytes then."""
-        device = self.runs[0].words.device if self.runs else None
         self._table = None
-        if device is not None and fused(device):
-            from .body_digest_kernel import RunTable  # Triton only where it runs
-            self._table = RunTable(self.runs)
+        """The kernel's run table (``body_digest_kernel.RunTable``), made on first use."""
 
     def digest(self) -> int:
         """The digest of the runs' bytes now (one host synchronization)."""
         if not self.runs:
             return 0
-        if self._table is None:
+        device = self.runs[0].words.device
+        if not fused(device):
             return int(runs_digest_torch(self.runs)) & U64
-        with on_device(self._table.device):
+        if self._table is None:
+            from .body_digest_kernel import RunTable  # Triton only where it runs
+            self._table = RunTable(self.runs)
+        with on_device(device):
             return int(self._table.digest()) & U64
 
 
