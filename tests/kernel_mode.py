@@ -37,13 +37,19 @@ CODEC_KERNELS = {"encode": ("encode_kernel", ("_stats", "_escape_counts", "_writ
 """Every Triton kernel of ``dte_codec``: per group, its module and kernel names."""
 
 
+def _codec_kernels() -> dict[str, object]:
+    return {f"{group}.{name}": getattr(importlib.import_module(f"dte_codec.{module}"), name)
+            for group, (module, names) in CODEC_KERNELS.items() for name in names}
+
+
 def compiled_codec_kernels() -> dict[str, int]:
     """Compiled variants of every codec kernel (``CODEC_KERNELS``), over all devices."""
-    counts = {}
-    for group, (module, names) in CODEC_KERNELS.items():
-        loaded = importlib.import_module(f"dte_codec.{module}")
-        for name in names:
-            kernel = getattr(loaded, name)
-            counts[f"{group}.{name}"] = sum(len(caches[0])
-                                            for caches in kernel.device_caches.values())
-    return counts
+    return {name: sum(len(caches[0]) for caches in kernel.device_caches.values())
+            for name, kernel in _codec_kernels().items()}
+
+
+def forget_codec_kernels() -> None:
+    """Drop every codec kernel's compiled variants from memory (Triton's disk cache
+    keeps them): what earlier tests compiled then hides nothing from a count."""
+    for kernel in _codec_kernels().values():
+        kernel.device_caches.clear()

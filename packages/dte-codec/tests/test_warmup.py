@@ -8,7 +8,8 @@ import importlib
 
 import pytest
 import torch
-from kernel_mode import CODEC_KERNELS, CUDA, DEVICE, compiled_codec_kernels, kernels, needs_triton
+from kernel_mode import (CODEC_KERNELS, CUDA, DEVICE, compiled_codec_kernels,
+                         forget_codec_kernels, kernels, needs_triton)
 
 from dte_codec import warm_up, warmup
 
@@ -73,6 +74,7 @@ def test_first_sync_after_warm_up_compiles_nothing():
     """After ``warm_up``, full and delta syncs of other tensors (other counts, shapes,
     sizes, an unaligned view among them) compile no codec kernel."""
     from dte_codec import apply_, decode, encode_delta, encode_full
+    forget_codec_kernels()
     warm_up("cuda", payloads=[torch.bfloat16, torch.float32])
     before = compiled_codec_kernels()
     gen = torch.Generator().manual_seed(5)
