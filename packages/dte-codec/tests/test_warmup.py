@@ -5,6 +5,7 @@ other tensors compiles nothing."""
 from __future__ import annotations
 
 import importlib
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -91,8 +92,7 @@ def test_first_sync_after_warm_up_compiles_nothing():
             old = flat[indices].clone()
             bits = {2: torch.int16, 4: torch.int32}[tensor.element_size()]
             flat.view(bits)[indices] += 1
-            changes[name] = type("C", (), {"indices": indices, "base_low": old,
-                                           "base_high": old})()
+            changes[name] = SimpleNamespace(indices=indices, base_low=old, base_high=old)
         apply_(receiver, decode(encode_delta(weights, changes, stream_id="s", base_version=1,
                                              version=2)))
         assert all(torch.equal(receiver[n], t) for n, t in weights.items())
