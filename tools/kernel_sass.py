@@ -30,7 +30,7 @@ ARCH = 90
 ROWS = 128
 WARPS = 4
 _SCALARS = {"inv_sqrt_bc2", "eps", "step_size", "inv_decay", "relative", "bias", "floor",
-            "underflow", "half_eta", "beta", "gamma", "scale_eps", "scale_root"}
+            "underflow", "half_eta", "beta", "gamma", "rho", "scale_eps", "scale_root"}
 _POINTERS = {"p_ptr": "*fp32", "m_ptr": "*fp32", "v_ptr": "*fp32", "master_ptr": "*fp32",
              "model_ptr": "*i16", "dirty_ptr": "*u8", "counts_ptr": "*i32"}
 """Pointer types as the launches pass them; the rest are int64 tables and slabs, except

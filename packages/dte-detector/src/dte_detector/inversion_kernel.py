@@ -201,7 +201,7 @@ def _suspects(p_ptr, m_ptr, v_ptr, offsets_ptr, width, starts_ptr, counts_ptr, s
 @triton.jit(do_not_specialize=["tiles", "width"])
 def _mark(p_ptr, m_ptr, v_ptr, offsets_ptr, width, numels_ptr, starts_ptr, counts_ptr,
           slab_ptr, tiles, inv_sqrt_bc2, eps, step_size, inv_decay, relative, bias, floor,
-          underflow, half_eta, beta, gamma, scale_eps, scale_root,
+          underflow, half_eta, beta, gamma, rho, scale_eps, scale_root,
           DECAY_IS_ONE: tl.constexpr, PAYLOAD: tl.constexpr, ROWS: tl.constexpr,
           SLAB: tl.constexpr, ALIGN: tl.constexpr, NARROW: tl.constexpr,
           SCREEN: tl.constexpr):
@@ -223,7 +223,7 @@ def _mark(p_ptr, m_ptr, v_ptr, offsets_ptr, width, numels_ptr, starts_ptr, count
         inside = offsets < numel
         count = SLAB + 1
         if SCREEN and SLAB > 0:
-            left = unchanged(p, m, v, beta, gamma, scale_eps, scale_root, PAYLOAD) == 0
+            left = unchanged(p, m, v, beta, gamma, rho, scale_eps, scale_root, PAYLOAD) == 0
             count = compact(slab_ptr, tile, (left & inside).to(tl.int32), local, SLAB)
             tl.debug_barrier()  # the offsets are in the slab before anyone reads them
         if count <= SLAB:
