@@ -52,22 +52,27 @@ fp32.
 from __future__ import annotations
 
 import math
+import struct
 
 import torch
 import triton
 import triton.language as tl
 
 PHI = 1 + 2.0**-16
+_FP32_MAX = torch.finfo(torch.float32).max
 _TINY: tl.constexpr = tl.constexpr(2.0**-126)
 _SLACK_FLOOR: tl.constexpr = tl.constexpr(2.0**-60)
 
 
 def _up(value: float) -> float:
-    """``value`` rounded up to fp32 (``inf`` past its range)."""
-    rounded = torch.tensor(value, dtype=torch.float64).to(torch.float32)
-    if rounded.item() < value:
-        rounded = torch.nextafter(rounded, torch.tensor(math.inf))
-    return rounded.item()
+    """A non-negative ``value`` rounded up to fp32 (``inf`` past its range)."""
+    if value > _FP32_MAX:
+        return math.inf
+    (rounded,) = struct.unpack("<f", struct.pack("<f", value))  # to nearest
+    if rounded < value:  # one fp32 step up: the next bit pattern of a non-negative float
+        (bits,) = struct.unpack("<I", struct.pack("<f", rounded))
+        (rounded,) = struct.unpack("<f", struct.pack("<I", bits + 1))
+    return rounded
 
 
 def screen_scalars(inv_sqrt_bc2: float, eps: float, step_size: float, inv_decay: float,
