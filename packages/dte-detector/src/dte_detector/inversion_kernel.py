@@ -23,6 +23,12 @@ bounds of its first changes into the tile's slab (``1 / SLAB_FRACTION`` of its e
 recomputed by ``_dense``, which writes them straight into the outputs (launched only
 when such a tile exists). Offsets within a member are int32 where its size allows.
 
+Before ``_verdict``, an exact screen (``inversion_screen``: a few multiplications and
+compares, no division) clears the elements that sit far enough inside their cast bucket;
+a tile lists the rest in its slab and only they go through ``_verdict``, one per thread
+(``_suspects``), unless there are more than a slab of them: then the whole tile does, as
+without the screen. Either way the outputs are the same bits.
+
 The term ``mu`` needs an IEEE division ``1 / d`` per element; where it is below half an
 ulp of the rest of the guard it cannot change the rounded sum, so a tile computes it only
 when one of its elements fails that test (a conservative one, without a division, with a
