@@ -30,7 +30,7 @@ ARCH = 90
 ROWS = 128
 WARPS = 4
 _SCALARS = {"inv_sqrt_bc2", "eps", "step_size", "inv_decay", "relative", "bias", "floor",
-            "underflow", "half_eta", "beta", "gamma", "rho", "scale_eps", "scale_root"}
+            "underflow", "half_eta"}
 _POINTERS = {"p_ptr": "*fp32", "m_ptr": "*fp32", "v_ptr": "*fp32", "master_ptr": "*fp32",
              "model_ptr": "*i16", "dirty_ptr": "*u8", "counts_ptr": "*i32"}
 """Pointer types as the launches pass them; the rest are int64 tables and slabs, except
@@ -100,8 +100,7 @@ def main() -> int:
     cast = importlib.import_module("dte_detector.cast_kernel")
     kernels = [("inversion _mark", inversion._mark, _POINTERS,
                 {"DECAY_IS_ONE": False, "PAYLOAD": tl.bfloat16, "ROWS": ROWS,
-                 "SLAB": ROWS * 8 // inversion.SLAB_FRACTION, "ALIGN": 4, "NARROW": True,
-                 "SCREEN": True}),
+                 "SLAB": ROWS * 8 // inversion.SLAB_FRACTION, "ALIGN": 4, "NARROW": True}),
                ("cast _record", cast._record, {**_POINTERS, **_CAST_SLAB},
                 {"PAYLOAD": tl.bfloat16, "NAN_ABOVE": 0x7F80, "COPY": True, "ROWS": ROWS,
                  "SLAB": ROWS * 8 // cast.SLAB_FRACTION, "FP32_ALIGN": 4, "HALF_ALIGN": 8,

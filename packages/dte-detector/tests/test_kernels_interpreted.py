@@ -27,19 +27,6 @@ pytestmark = [
 ]
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
-if importlib.util.find_spec("triton") is not None:
-    import triton
-    import triton.language as tl
-
-    from dte_detector.inversion_screen import unchanged
-
-    @triton.jit
-    def _screened(p_ptr, m_ptr, v_ptr, out_ptr, beta, gamma, rho, scale_eps, scale_root):
-        """The screen's verdict per element of a 4,096-element fp16-payload block."""
-        at = tl.arange(0, 4096)
-        p, m, v = tl.load(p_ptr + at), tl.load(m_ptr + at), tl.load(v_ptr + at)
-        tl.store(out_ptr + at, unchanged(p, m, v, beta, gamma, rho, scale_eps,
-                                         scale_root, tl.float16).to(tl.int8))
 
 HYPERS = (AdamWStep(lr=3e-6, weight_decay=0.003, eps=1e-8, step=5),
           AdamWStep(lr=1e-3, weight_decay=0.0, eps=1e-8, step=2),  # no decay: DECAY_IS_ONE
@@ -115,58 +102,3 @@ def test_interpreted_batched_inversion_is_the_reference(monkeypatch, slab_fracti
         assert bits_of(high) == bits_of(actual.base_high)
         changed += indices.numel()
     assert 0 < changed < sum(flat[0].numel() for flat, _ in members)
-
-
-def _placed(count: int, hyper: AdamWStep, seed: int) -> tuple[torch.Tensor, ...]:
-    """~N(0, 0.02) masters with gradient-like moments (a few per cent change at lr 3e-6),
-    and one element in 16 placed so that ``e`` lands within a few fp32 ulps of a fp16
-    rounding midpoint (the screen's own boundary cases), half of them decay-only."""
-    gen = torch.Generator().manual_seed(seed)
-    p = torch.randn(count, generator=gen) * 0.02
-    m = torch.randn(count, generator=gen) * 1e-3
-    v = m * m * 2 + 1e-12
-    m[torch.rand(count, generator=gen) < 0.1] = 0.0  # rows that saw no gradient
-    placed = torch.rand(count, generator=gen) < 1 / 16
-    mid = midpoints(p, torch.float16).double()
-    ulp = (mid.float().view(torch.int32) + 1).view(torch.float32).double() - mid
-    c = 1 - hyper.lr * hyper.weight_decay
-    bc1 = 1 - hyper.beta1**hyper.step
-    bc2 = 1 - hyper.beta2**hyper.step
-    target = mid + ulp * torch.randint(-40, 41, (count,), generator=gen).double()
-    moved = p.double() + ulp * torch.randint(-600, 601, (count,), generator=gen).double()
-    decay_only = torch.rand(count, generator=gen) < 0.5
-    d = v.double().sqrt() / bc2**0.5 + hyper.eps
-    update = target * c - moved  # e = (p + u) / c lands on target
-    m_placed = update * d / (hyper.lr / bc1)
-    p = torch.where(placed, torch.where(decay_only, target * c, moved).float(), p)
-    m = torch.where(placed, torch.where(decay_only, 0.0, m_placed).float(), m)
-    return p, m, v
-
-
-@pytest.mark.parametrize(("hyper", "share"), [(HYPERS[0], 0.95), (HYPERS[1], 0.8),
-                                              (HYPERS[3], 0.9)], ids=["decay", "no-decay", "late"])
-def test_interpreted_screen_changes_nothing(monkeypatch, hyper, share):
-    """The screen before ``_verdict`` clears most elements of a sparse step and changes no
-    output bit: the screened kernel equals the unscreened one and the torch reference on
-    elements placed at and around the screen's boundary (``e`` next to a midpoint,
-    decay-only elements), with tiles through the screen's path and through the whole-tile
-    path (a slab of 32)."""
-    from dte_detector import inversion_kernel
-
-    flat = _placed(4096, hyper, seed=hyper.step)
-    indices, low, high = _invert_chunk(*flat, hyper, torch.float16, GUARD_ULPS)
-    cleared = torch.empty(4096, dtype=torch.int8)
-    _screened[(1,)](*flat, cleared, *inversion_kernel._config(hyper, GUARD_ULPS)[1])
-    assert 0 == cleared[indices.long()].sum().item()  # nothing changed is cleared
-    assert cleared.sum().item() >= share * (4096 - indices.numel())  # and most of the rest
-    for slab_fraction in (8, 32):
-        monkeypatch.setattr(inversion_kernel, "SLAB_FRACTION", slab_fraction)
-        runs = []
-        for screen in (True, False):
-            monkeypatch.setattr(inversion_kernel, "SCREEN", screen)
-            (found,) = inversion_kernel.invert_batch([flat], [hyper], [torch.float16],
-                                                     guard_ulps=GUARD_ULPS)
-            runs.append((found.indices.tolist(), bits_of(found.base_low),
-                         bits_of(found.base_high)))
-        assert runs[0] == runs[1]
-        assert (indices.tolist(), bits_of(low), bits_of(high)) == runs[0]

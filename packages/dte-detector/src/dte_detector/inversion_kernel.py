@@ -23,12 +23,6 @@ bounds of its first changes into the tile's slab (``1 / SLAB_FRACTION`` of its e
 recomputed by ``_dense``, which writes them straight into the outputs (launched only
 when such a tile exists). Offsets within a member are int32 where its size allows.
 
-Before ``_verdict``, an exact screen (``inversion_screen``: a few multiplications and
-compares, no division) clears the elements that sit far enough inside their cast bucket;
-a tile lists the rest in its slab and only they go through ``_verdict``, one per thread
-(``_suspects``), unless there are more than a slab of them: then the whole tile does, as
-without the screen. Either way the outputs are the same bits.
-
 The term ``mu`` needs an IEEE division ``1 / d`` per element; where it is below half an
 ulp of the rest of the guard it cannot change the rounded sum, so a tile computes it only
 when one of its elements fails that test (a conservative one, without a division, with a
@@ -48,9 +42,8 @@ import triton.language as tl
 from . import batch
 from .changes import ChangeSet
 from .inversion import _HALF_ETA, AdamWStep, _corrections, decay_factor, guard_scalars
-from .inversion_screen import screen_scalars, unchanged
-from .staging import (advance, compact, gather, locate, member_offset, narrow, on_device,
-                      place, programs, put, read_limit, stage_counted, tile_base, tile_offsets)
+from .staging import (advance, gather, locate, member_offset, narrow, on_device, place,
+                      programs, read_limit, stage_counted, tile_offsets)
 
 ROWS = 128
 """Rows of 8 elements per tile (``staging.py``)."""
@@ -60,9 +53,6 @@ WAVES = 16
 SLAB_FRACTION = 8
 """A tile stages at most ``1 / SLAB_FRACTION`` of its elements as changed; a denser tile
 is recomputed by ``_dense``."""
-SCREEN = True
-"""Whether ``_mark`` screens elements before ``_verdict`` (``inversion_screen``); off,
-every element goes through ``_verdict`` (the tests compare the two)."""
 _FIXED = {"enable_fp_fusion": False}
 _FP32_ALIGN = batch.VECTOR_BYTES // 4
 # mu * 2**100 < underflow * 2**25 * 1.01 / d + 2**-48 and guard * 2**-25 <= ulp(guard) / 2,
@@ -95,12 +85,10 @@ def _scalars(h: AdamWStep, guard_ulps: float) -> tuple[float, ...]:
 
 
 @functools.lru_cache(maxsize=64)
-def _config(h: AdamWStep, guard_ulps: float
-            ) -> tuple[tuple[float, ...], tuple[float, ...], bool]:
-    """The kernels' scalars, the screen's and ``DECAY_IS_ONE`` for a step (kept: every
-    tensor of a sync shares a few steps, and each costs a few host tensor operations)."""
-    scalars = _scalars(h, guard_ulps)
-    return scalars, screen_scalars(*scalars), decay_factor(h) == 1.0
+def _config(h: AdamWStep, guard_ulps: float) -> tuple[tuple[float, ...], bool]:
+    """The kernel's scalars and ``DECAY_IS_ONE`` for a step (kept: every tensor of a sync
+    shares a few steps, and each costs a few host tensor operations)."""
+    return _scalars(h, guard_ulps), decay_factor(h) == 1.0
 
 
 @triton.jit
@@ -174,77 +162,30 @@ def _load(p_ptr, m_ptr, v_ptr, offsets_ptr, width, numels_ptr, starts_ptr, membe
     return p, m, v, numel, offsets
 
 
-@triton.jit
-def _suspects(p_ptr, m_ptr, v_ptr, offsets_ptr, width, starts_ptr, counts_ptr, slab_ptr,
-              member, tile, count, inv_sqrt_bc2, eps, step_size, inv_decay, relative, bias,
-              floor, underflow, half_eta, DECAY_IS_ONE: tl.constexpr, PAYLOAD: tl.constexpr,
-              ROWS: tl.constexpr, SLAB: tl.constexpr, ALIGN: tl.constexpr,
-              NARROW: tl.constexpr):
-    """``_verdict`` over the ``count`` elements the screen left (their tile offsets are in
-    the tile's slab), one slot per element; their changes replace them in the slab."""
-    slot = tl.arange(0, SLAB)
-    listed = slot < count
-    local = tl.load(slab_ptr + tl.cast(tile, tl.int64) * SLAB + slot, mask=listed,
-                    other=0).to(tl.int32)
-    base = tile_base(tile - tl.load(starts_ptr + member), ROWS, NARROW)
-    offsets = base + local.to(base.dtype)
-    # filler slots: a value whose mu is negligible, so that the tile skips its division
-    p = tl.load((p_ptr + member_offset(offsets_ptr, member, ALIGN)) + offsets, mask=listed,
-                other=1.0)
-    m = tl.load((m_ptr + member_offset(offsets_ptr, width + member, ALIGN)) + offsets,
-                mask=listed, other=0.0)
-    v = tl.load((v_ptr + member_offset(offsets_ptr, 2 * width + member, ALIGN)) + offsets,
-                mask=listed, other=1.0)
-    changed, low, high = _verdict(p, m, v, inv_sqrt_bc2, eps, step_size, inv_decay,
-                                  relative, bias, floor, underflow, half_eta, DECAY_IS_ONE,
-                                  PAYLOAD)
-    flags = (changed & listed).to(tl.int32)
-    tl.debug_barrier()  # every slot read before the changes overwrite the slab
-    tl.store(counts_ptr + tile, tl.sum(flags, axis=0))
-    put(slab_ptr, tile, flags != 0, tl.cumsum(flags, axis=0) - flags, local, low, high, SLAB)
-
-
 @triton.jit(do_not_specialize=["tiles", "width"])
 def _mark(p_ptr, m_ptr, v_ptr, offsets_ptr, width, numels_ptr, starts_ptr, counts_ptr,
           slab_ptr, tiles, inv_sqrt_bc2, eps, step_size, inv_decay, relative, bias, floor,
-          underflow, half_eta, beta, gamma, rho, scale_eps, scale_root,
-          DECAY_IS_ONE: tl.constexpr, PAYLOAD: tl.constexpr, ROWS: tl.constexpr,
-          SLAB: tl.constexpr, ALIGN: tl.constexpr, NARROW: tl.constexpr,
-          SCREEN: tl.constexpr):
+          underflow, half_eta, DECAY_IS_ONE: tl.constexpr, PAYLOAD: tl.constexpr,
+          ROWS: tl.constexpr, SLAB: tl.constexpr, ALIGN: tl.constexpr,
+          NARROW: tl.constexpr):
     """Per tile: the count of changed elements and the tile offsets and bounds of the
-    first SLAB of them staged in the tile's slab. Reads the next tile first.
-
-    The screen (``inversion_screen``) clears most elements; when at most SLAB are left,
-    only they go through ``_verdict`` (``_suspects``), else the whole tile does."""
+    first SLAB of them staged in the tile's slab. Reads the next tile first."""
     first, step = tl.program_id(0), tl.num_programs(0)
     member = advance(starts_ptr, first.to(tl.int64) * 0, first)
     p, m, v, numel, offsets = _load(p_ptr, m_ptr, v_ptr, offsets_ptr, width, numels_ptr,
                                     starts_ptr, member, first, ROWS, ALIGN, NARROW)
     _, _, local = tile_offsets(0, ROWS)
     for tile in range(first, tiles, step):
-        member_next = advance(starts_ptr, member, tile + step)
+        member = advance(starts_ptr, member, tile + step)
         p_next, m_next, v_next, numel_next, offsets_next = _load(
-            p_ptr, m_ptr, v_ptr, offsets_ptr, width, numels_ptr, starts_ptr, member_next,
+            p_ptr, m_ptr, v_ptr, offsets_ptr, width, numels_ptr, starts_ptr, member,
             tile + step, ROWS, ALIGN, NARROW)
-        inside = offsets < numel
-        count = SLAB + 1
-        if SCREEN and SLAB > 0:
-            left = unchanged(p, m, v, beta, gamma, rho, scale_eps, scale_root, PAYLOAD) == 0
-            count = compact(slab_ptr, tile, (left & inside).to(tl.int32), local, SLAB)
-            tl.debug_barrier()  # the offsets are in the slab before anyone reads them
-        if count <= SLAB:
-            _suspects(p_ptr, m_ptr, v_ptr, offsets_ptr, width, starts_ptr, counts_ptr,
-                      slab_ptr, member, tile, count, inv_sqrt_bc2, eps, step_size,
-                      inv_decay, relative, bias, floor, underflow, half_eta, DECAY_IS_ONE,
-                      PAYLOAD, ROWS, SLAB, ALIGN, NARROW)
-        else:
-            changed, low, high = _verdict(p, m, v, inv_sqrt_bc2, eps, step_size, inv_decay,
-                                          relative, bias, floor, underflow, half_eta,
-                                          DECAY_IS_ONE, PAYLOAD)
-            stage_counted(slab_ptr, counts_ptr, tile, (changed & inside).to(tl.int32),
-                          local, low, high, SLAB)
+        changed, low, high = _verdict(p, m, v, inv_sqrt_bc2, eps, step_size, inv_decay,
+                                      relative, bias, floor, underflow, half_eta,
+                                      DECAY_IS_ONE, PAYLOAD)
+        flags = (changed & (offsets < numel)).to(tl.int32)
+        stage_counted(slab_ptr, counts_ptr, tile, flags, local, low, high, SLAB)
         p, m, v, numel, offsets = p_next, m_next, v_next, numel_next, offsets_next
-        member = member_next
 
 
 @triton.jit(do_not_specialize=["total", "width", "steps"])
@@ -287,7 +228,7 @@ def invert_batch(flats: Sequence[tuple[torch.Tensor, torch.Tensor, torch.Tensor]
     device = flats[0][0].device
 
     def launch(group: batch.Group):
-        scalars, screen, decay_is_one, dtype = group.key
+        scalars, decay_is_one, dtype = group.key
         counts = torch.empty(group.tiles, dtype=torch.int32, device=device)
         staged = torch.empty(group.tiles * slab, dtype=torch.int64, device=device)
         config = {"DECAY_IS_ONE": decay_is_one, "PAYLOAD": _PAYLOAD[dtype], "ROWS": ROWS,
@@ -296,8 +237,7 @@ def invert_batch(flats: Sequence[tuple[torch.Tensor, torch.Tensor, torch.Tensor]
         tables = (*flats[group.members[0]], group.offsets, group.offsets.shape[1], group.numels,
                   group.starts, counts)
         _mark[(programs(group.tiles, device, waves=WAVES),)](
-            *tables, staged, group.tiles, *scalars, *screen, num_warps=WARPS, SCREEN=SCREEN,
-            **config)
+            *tables, staged, group.tiles, *scalars, num_warps=WARPS, **config)
         ends = torch.cumsum(counts, 0)
         dense = (counts > slab).sum().view(1)
         return (tables, config, counts, ends, staged,
@@ -314,7 +254,7 @@ def invert_batch(flats: Sequence[tuple[torch.Tensor, torch.Tensor, torch.Tensor]
         if dense:
             _dense[(group.tiles,)](*tables, firsts, indices, bounds, total, group.steps,
                                    *group.key[0], num_warps=WARPS, **config)
-        dtype = group.key[3]
+        dtype = group.key[2]
         counts = batch.member_counts(member_ends)
         for at, *parts in zip(group.members, indices.split(counts),
                               bounds[0].view(dtype).split(counts),

@@ -17,7 +17,6 @@ indices and their values, as ``torch.nonzero`` and a gather would give them.
 from __future__ import annotations
 
 import contextlib
-import os
 
 import torch
 import triton
@@ -27,8 +26,6 @@ from .changes import index_dtype
 
 _GATHER_SLOTS = 4096
 """Slab slots one ``_gather`` program moves (a few tiles' worth)."""
-_INTERPRETED: tl.constexpr = tl.constexpr(os.environ.get("TRITON_INTERPRET", "0") == "1")
-"""Whether Triton's interpreter runs the kernels (decided at import, as Triton does)."""
 
 
 @triton.jit
@@ -81,17 +78,11 @@ def tile_offsets(tile, ROWS: tl.constexpr, NARROW: tl.constexpr = False):
     int64 offsets unless ``NARROW`` (the caller knows they stay below 2**31: int32
     compares and adds are one instruction, int64 ones two)."""
     local = tl.arange(0, ROWS)[:, None] * 8 + tl.arange(0, 8)[None, :]
-    return tile_base(tile, ROWS, NARROW) + local, tl.arange(0, 8)[None, :], local
-
-
-@triton.jit
-def tile_base(tile, ROWS: tl.constexpr, NARROW: tl.constexpr = False):
-    """The first flat offset of a ``[ROWS, 8]`` tile, int32 with ``NARROW``."""
     if NARROW:
-        base = tl.cast(tile, tl.int32) * (ROWS * 8)
+        offsets = tl.cast(tile, tl.int32) * (ROWS * 8) + local
     else:
-        base = tl.cast(tile, tl.int64) * (ROWS * 8)
-    return base
+        offsets = tl.cast(tile, tl.int64) * (ROWS * 8) + local
+    return offsets, tl.arange(0, 8)[None, :], local
 
 
 @triton.jit
@@ -106,7 +97,7 @@ def stage(slab_ptr, tile, flags, local, first, second, SLAB: tl.constexpr):
     """Stage the flagged elements of a tile in its slab, in index order, one word each:
     the offset in the tile in bits 0-15, ``first`` in 16-31, ``second`` in 32-47 (an
     int32 slab keeps the first two)."""
-    put(slab_ptr, tile, flags != 0, slots(flags), local, first, second, SLAB)
+    _put(slab_ptr, tile, flags != 0, slots(flags), local, first, second, SLAB)
 
 
 @triton.jit
@@ -121,51 +112,17 @@ def stage_counted(slab_ptr, counts_ptr, tile, flags, local, first, second,
     rank = (ends - per_row)[:, None] + tl.cumsum(flags, axis=1) - flags
     last = tl.arange(0, per_row.shape[0]) == per_row.shape[0] - 1
     tl.store(counts_ptr + tile + tl.zeros_like(ends), ends, mask=last)
-    put(slab_ptr, tile, (flags != 0) & (rank < SLAB), rank, local, first, second, SLAB)
+    _put(slab_ptr, tile, (flags != 0) & (rank < SLAB), rank, local, first, second, SLAB)
 
 
 @triton.jit
-def compact(slab_ptr, tile, flags, local, SLAB: tl.constexpr):
-    """Write the tile offsets of the first ``SLAB`` flagged elements of a tile into its
-    slab, in index order, and return how many are flagged."""
-    per_row = tl.sum(flags, axis=1)
-    rank = (tl.cumsum(per_row, axis=0) - per_row)[:, None] + tl.cumsum(flags, axis=1) - flags
-    scatter(slab_ptr + tl.cast(tile, tl.int64) * SLAB + rank,
-            local.to(slab_ptr.dtype.element_ty), (flags != 0) & (rank < SLAB))
-    return tl.sum(per_row, axis=0)
-
-
-@triton.jit
-def put(slab_ptr, tile, keep, rank, local, first, second, SLAB: tl.constexpr):
-    """Stage ``keep`` elements at ``rank`` in the tile's slab (``stage``'s word)."""
+def _put(slab_ptr, tile, keep, rank, local, first, second, SLAB: tl.constexpr):
     # the halves in int32, so that the int64 word is only their placement
     low = local | (first.to(tl.int32) & 0xFFFF) << 16
     word = ((second.to(tl.int32) & 0xFFFF).to(tl.int64) << 32
             | low.to(tl.uint32, bitcast=True).to(tl.int64))
-    scatter(slab_ptr + tl.cast(tile, tl.int64) * SLAB + rank,
-            word.to(slab_ptr.dtype.element_ty), keep)
-
-
-@triton.jit
-def scatter(pointers, values, keep):
-    """``tl.store(pointers, values, mask=keep)`` for scattered 32- or 64-bit words, each
-    thread storing the elements it holds: ``tl.store`` would first move pointers, values
-    and mask through shared memory into a layout for coalesced stores, which costs more
-    than the stores of a few staged words (under the interpreter: ``tl.store``)."""
-    if _INTERPRETED:
-        tl.store(pointers, values, mask=keep)
-    elif values.dtype.primitive_bitwidth == 64:
-        tl.inline_asm_elementwise(
-            "{ .reg .pred %p; setp.ne.b32 %p, $3, 0; @%p st.global.b64 [$1], $2; "
-            "mov.b32 $0, 0; }", "=r,l,l,r",
-            [pointers.to(tl.int64, bitcast=True), values, keep.to(tl.int32)],
-            dtype=tl.int32, is_pure=False, pack=1)
-    else:
-        tl.inline_asm_elementwise(
-            "{ .reg .pred %p; setp.ne.b32 %p, $3, 0; @%p st.global.b32 [$1], $2; "
-            "mov.b32 $0, 0; }", "=r,l,r,r",
-            [pointers.to(tl.int64, bitcast=True), values, keep.to(tl.int32)],
-            dtype=tl.int32, is_pure=False, pack=1)
+    tl.store(slab_ptr + tl.cast(tile, tl.int64) * SLAB + rank,
+             word.to(slab_ptr.dtype.element_ty), mask=keep)
 
 
 @triton.jit
