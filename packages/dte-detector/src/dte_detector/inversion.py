@@ -174,7 +174,13 @@ def invert_columns(names: Sequence[str],
                    ) -> list[ChangeSet]:
     """``invert_adamw_all`` with its arguments as columns (``Inversion``'s fields, the
     master and moments as one ``(master, exp_avg, exp_avg_sq)`` per tensor): a caller
-    that inverts every tensor of a model each sync builds no object per tensor."""
+    that inverts every tensor of a model each sync builds no object per tensor (the
+    Python in front of the first kernel launch is time the device waits for).
+
+    Raises:
+        PrecisionError: a master or a moment is not fp32 (the first such tensor, in order).
+        StepGapError: more than one step since a tensor's reference.
+    """
     fp32 = torch.float32
     for name, state, hyper, before in zip(names, states, hypers, previous):
         if state[0].dtype != fp32 or state[1].dtype != fp32 or state[2].dtype != fp32:

@@ -59,7 +59,7 @@ class AdamWSteps:
         return self.changes_all({name: model})[name]
 
     def changes_all(self, models: Mapping[str, torch.Tensor]) -> dict[str, ChangeSet]:
-        """``changes`` of every ``name: model``, inverted together (``invert_adamw_all``).
+        """``changes`` of every ``name: model``, inverted together (``inversion.invert_columns``).
 
         Raises:
             StepGapError: more than one step since the commit, for any of them.
