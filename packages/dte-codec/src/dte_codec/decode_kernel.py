@@ -11,7 +11,8 @@ at an entry's first block is the entry's own base.
 * ``_fields``: INT32/INT64 indices are read straight into the output; GAP8 blocks count
   their escape bytes; each Elias-Fano or bitmap element finds its own bit (``_select``):
   a binary search of those ranks for its word, narrowed per block to the few words its
-  block's ranks span, then a select inside the word. Stores are coalesced, and no
+  block's ranks span (found by one 64-way search for both ends), then a select inside
+  the word. Stores are coalesced, and no
   program loops over the set bits of its words.
 * ``_gaps`` (only with GAP8 entries), twice: the per-block sums of the gaps (an escaped
   gap is read at its rank among the escape bytes), then each index as the prefix sum.
@@ -36,6 +37,9 @@ from .kernel_bits import (bit_length, column, flags_before, get_fields, owned_bl
                           shift_right, width_mask)
 
 BLOCK = 1024
+_LOG = tl.constexpr(6)
+_FAN = tl.constexpr(1 << _LOG.value)
+"""``_bounds`` probes ``_FAN`` slots per target and step."""
 _INT64 = torch.int64
 _FIRST_BLOCK = tl.constexpr(0)
 _START = tl.constexpr(1)
@@ -84,13 +88,36 @@ def _popcount(x):
 def _last_at_most(before, lo, hi, target, steps):
     """The last slot in ``[lo, hi]`` whose ``before`` (non-decreasing) is at most
     ``target``, given that ``before[lo]`` is; ``steps`` halvings of ``hi - lo`` (its bit
-    length) reach it. Scalars or blocks alike; every load stays inside ``[lo, hi]``."""
+    length) reach it. Blocks of slots; every load stays inside ``[lo, hi]``."""
     for _ in range(steps):
-        mid = (lo + hi + 1) // 2
+        mid = (lo + hi + 1) >> 1
         ok = tl.load(before + mid) <= target
         lo = tl.where(ok, mid, lo)
         hi = tl.where(ok, hi, mid - 1)
     return lo
+
+
+@triton.jit
+def _bounds(before, first, end, head, tail):
+    """``_last_at_most`` over ``[first, end]`` for the two scalars ``head <= tail`` at once,
+    with ``_FAN`` probes per target and step: ``log`` of the range's length to that base
+    in dependent loads, where a bisection takes its binary log, twice (those loads wait on
+    each other, and they decided this kernel's time). A step's probes cut each range into
+    pieces of ``step`` slots; those at most the target are a prefix, so their count picks
+    the piece. Returns the slots of ``head`` and ``tail``."""
+    row = tl.arange(0, 2)[:, None]
+    lane = tl.arange(1, _FAN + 1)[None, :].to(tl.int64)
+    target = tl.where(row == 0, head, tail)
+    lo = first + row * 0
+    hi = end + row * 0
+    for _ in range((bit_length(end - first) + _LOG - 1) // _LOG):
+        step = tl.maximum((hi - lo + _FAN - 1) >> _LOG, 1)
+        probe = lo + lane * step
+        inside = probe <= hi
+        ok = inside & (tl.load(before + probe, mask=inside, other=0) <= target)
+        lo = lo + tl.sum(ok.to(tl.int64), 1)[:, None] * step
+        hi = tl.minimum(hi, lo + step - 1)
+    return tl.sum(tl.where(row == 0, lo, 0)), tl.sum(tl.where(row == 1, lo, 0))
 
 
 @triton.jit
@@ -156,10 +183,9 @@ def _fields(table, block_seg, segments, streams, stream_count, before, words, la
         first = column(streams, _STREAM_FIRST_BLOCK, stream_count, s) * BLOCK
         end = first + column(streams, _STREAM_WORDS, stream_count, s) - 1
         base = tl.load(before + first)
-        head = base + tl.min(rank)
-        lo = _last_at_most(before, first, end, head, bit_length(end - first))
-        tail = base + tl.minimum(tl.max(rank), count - 1)
-        hi = _last_at_most(before, lo, end, tail, bit_length(end - lo))
+        head = base + (block - column(table, _FIRST_BLOCK, segments, seg)).to(tl.int64) * BLOCK
+        tail = tl.minimum(head + BLOCK, base + count) - 1
+        lo, hi = _bounds(before, first, end, head, tail)
         target = base + tl.minimum(rank, count - 1)
         slot = _last_at_most(before, lo + rank * 0, hi + rank * 0, target, bit_length(hi - lo))
         word_base = (slot - first) * 64
