@@ -124,33 +124,45 @@ def _bounds(before, first, end, head, tail):
 def _select(data, inside):
     """The position of the ``inside``-th (0-based) set bit of each int64 ``data``.
 
-    The popcount's partial sums are kept: set bits per 2, 4, 8, 16 and 32 bits (each
-    count in the low bits of its field). From the whole word down, each level skips the
-    low half of the current field when ``inside`` lies past its set bits: six compares,
-    no popcount per level."""
-    pairs = data - (shift_right(data, data * 0 + 1) & 0x5555555555555555)
-    nibbles = ((pairs & 0x3333333333333333)
-               + (shift_right(pairs, pairs * 0 + 2) & 0x3333333333333333))
-    bytes_ = (nibbles + shift_right(nibbles, nibbles * 0 + 4)) & 0x0F0F0F0F0F0F0F0F
-    halves = bytes_ + shift_right(bytes_, bytes_ * 0 + 8)
-    words = halves + shift_right(halves, halves * 0 + 16)
-    pos = data * 0
-    pos, inside = _skip_low(words, pos, inside, 32)
-    pos, inside = _skip_low(halves, pos, inside, 16)
+    The low half's set bits pick the half; in it the popcount's partial sums are kept: set
+    bits per 2, 4, 8 and 16 bits (each count in the low bits of its field). From the half
+    down, each level skips the low half of the current field when ``inside`` lies past its
+    set bits: five compares, no popcount per level. All in 32 bits: a 64-bit shift or mask
+    takes two instructions or more, and a whole word's partial sums held the registers
+    that limited the kernel's programs per SM."""
+    inside = inside.to(tl.int32)
+    low = data.to(tl.uint32)
+    low_ones = _popcount32(low)
+    up = inside >= low_ones
+    half = tl.where(up, shift_right(data, data * 0 + 32).to(tl.uint32), low)
+    inside = tl.where(up, inside - low_ones, inside)
+    pairs = half - ((half >> 1) & 0x55555555)
+    nibbles = (pairs & 0x33333333) + ((pairs >> 2) & 0x33333333)
+    bytes_ = (nibbles + (nibbles >> 4)) & 0x0F0F0F0F
+    pos = inside * 0
+    pos, inside = _skip_low(bytes_ + (bytes_ >> 8), pos, inside, 16)
     pos, inside = _skip_low(bytes_, pos, inside, 8)
     pos, inside = _skip_low(nibbles, pos, inside, 4)
     pos, inside = _skip_low(pairs, pos, inside, 2)
-    pos, _ = _skip_low(data, pos, inside, 1)
-    return pos
+    pos, _ = _skip_low(half, pos, inside, 1)
+    return (pos + tl.where(up, 32, 0)).to(tl.int64)
+
+
+@triton.jit
+def _popcount32(x):
+    """Set bits of each uint32 ``x``, as int32."""
+    x = x - ((x >> 1) & 0x55555555)
+    x = (x & 0x33333333) + ((x >> 2) & 0x33333333)
+    return ((((x + (x >> 4)) & 0x0F0F0F0F) * 0x01010101) >> 24).to(tl.int32)
 
 
 @triton.jit
 def _skip_low(counts, pos, inside, HALF: tl.constexpr):
-    """One level of ``_select``: past the low ``HALF`` bits of the field at ``pos`` when
-    ``inside`` is at least their set-bit count (in ``counts``' low bits at ``pos``)."""
-    low = shift_right(counts, pos) & (2 * HALF - 1)
-    up = inside >= low
-    return pos + tl.where(up, HALF, 0), tl.where(up, inside - low, inside)
+    """One level of ``_select``: past the low ``HALF`` bits of the field at ``pos`` (of the
+    half) when ``inside`` is at least their set-bit count (in ``counts``' low bits there)."""
+    low = ((counts >> pos.to(tl.uint32)) & (2 * HALF - 1)).to(tl.int32)
+    more = inside >= low
+    return pos + tl.where(more, HALF, 0), tl.where(more, inside - low, inside)
 
 
 @triton.jit
