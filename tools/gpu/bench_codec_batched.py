@@ -27,6 +27,12 @@ one JSON object and Markdown rows for ``docs/benchmarks.md``.
 
 ``--encode-only`` times the fused encoder alone (the reference runs once, untimed, for the
 bytes check): run it with two trees' ``PYTHONPATH`` in one session for a before/after.
+``--decode-only`` times the fused decoder alone on a device frame, its indices checked
+against the change sets; ``--payload FILE`` reads the encoded delta from FILE (the first
+run encodes and writes it), so trees compared in one session decode the same bytes:
+
+    PYTHONPATH=<tree>/packages/dte-codec/src:tools python3 tools/gpu/bench_codec_batched.py \
+        --decode-only --payload /tmp/delta.bin
 """
 
 from __future__ import annotations
@@ -38,12 +44,13 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 from provenance import git_sha, machine
 from torch.profiler import ProfilerActivity, profile
 
-from dte_codec import apply_
+from dte_codec import Frame, apply_
 from dte_codec.decode import decode_batched, decode_per_entry
 from dte_codec.dispatch import reference
 from dte_codec.encode import encode_delta_batched, encode_delta_per_tensor
@@ -70,6 +77,11 @@ def parse() -> argparse.Namespace:
     p.add_argument("--encode-only", action="store_true",
                    help="time the fused encoder alone (its bytes still checked against the "
                         "reference, run once untimed), e.g. to compare two trees in one run")
+    p.add_argument("--decode-only", action="store_true",
+                   help="time the fused decoder alone (its indices checked against the change "
+                        "sets), e.g. to compare two trees in one run")
+    p.add_argument("--payload", type=Path, default=None,
+                   help="with --decode-only: the encoded delta's file, written if missing")
     args = p.parse_args()
     if args.smoke:
         args.layers, args.hidden, args.intermediate, args.vocab = 2, 64, 192, 1000
@@ -197,6 +209,9 @@ def main() -> None:
     if a.encode_only:
         _encode_only(weights, changes, args, a, device, results)
         return
+    if a.decode_only:
+        _decode_only(weights, changes, args, a, device, results)
+        return
     ref = measure("encode_reference", lambda: encode_delta_per_tensor(weights, changes, **args),
                   a, device, results)
     flat = both("encode", lambda: encode_delta_batched(weights, changes, **args), a, device,
@@ -259,6 +274,27 @@ def _encode_only(weights: dict, changes: dict, args: dict, a: argparse.Namespace
                    date=datetime.date.today().isoformat())
     print(json.dumps(results))
     _rows(results, keys=("encode_fused",))
+
+
+def _decode_only(weights: dict, changes: dict, args: dict, a: argparse.Namespace,
+                 device: torch.device, results: dict) -> None:
+    if a.payload is not None and a.payload.exists():
+        data = a.payload.read_bytes()
+    else:
+        data = bytes(encode_delta_batched(weights, changes, **args))
+        if a.payload is not None:
+            a.payload.write_bytes(data)
+    frame = Frame.from_bytes(data).to(device)
+    out = measure("decode_fused", lambda: decode_batched(frame, device=device), a, device,
+                  results)
+    found = {entry.name: at for entry, at in zip(out.header.entries, out.indices)}
+    empty = torch.empty(0, dtype=torch.int64, device=device)
+    results.update(indices_identical=found.keys() <= changes.keys() and all(
+        torch.equal(found.get(name, empty), change.indices) for name, change in changes.items()),
+        payload_bytes=len(data), sha=git_sha(), machine=machine(a.device),
+        date=datetime.date.today().isoformat())
+    print(json.dumps(results))
+    _rows(results, keys=("decode_fused",))
 
 
 def both(what: str, fn: Callable[[], object], a: argparse.Namespace, device: torch.device,

@@ -66,6 +66,23 @@ def test_a_repeated_plan_reuses_its_device_tables_with_the_new_keys():
     assert 3000 == merged[0].numel
 
 
+def test_a_replaced_or_resized_member_gets_a_new_plan():
+    """A member's tensor replaced by one elsewhere in memory, or resized, changes the
+    plan's signature: the tables are built again, with the new offsets and tiles."""
+    members = _members(1000, 3000, 5)
+    first = batch.plan(members, ["a"] * 3, tile_elements=1024)
+    moved = [members[0], tuple(t.clone() for t in members[1]), members[2]]
+    replaced = batch.plan(moved, ["a"] * 3, tile_elements=1024)
+    assert first[0].offsets is not replaced[0].offsets
+    expected = [(t.data_ptr() - moved[0][k].data_ptr()) // 4
+                for k, t in enumerate(moved[1])]
+    assert expected == replaced[0].offsets[:, 1].tolist()
+    resized = [members[0], tuple(t[:2500] for t in members[1]), members[2]]
+    (group,) = batch.plan(resized, ["a"] * 3, tile_elements=1024)
+    assert [0, 1, 4, 5] == group.starts.tolist()[:4]
+    assert [1000, 2500, 5] == group.numels.tolist()[:3]
+
+
 def test_every_table_starts_on_a_16_byte_boundary():
     """Groups of odd and even member counts: each table of each group starts on a 16-byte
     boundary (a kernel specialised on an aligned table is not compiled again for a table

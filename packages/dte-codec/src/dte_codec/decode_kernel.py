@@ -11,7 +11,8 @@ at an entry's first block is the entry's own base.
 * ``_fields``: INT32/INT64 indices are read straight into the output; GAP8 blocks count
   their escape bytes; each Elias-Fano or bitmap element finds its own bit (``_select``):
   a binary search of those ranks for its word, narrowed per block to the few words its
-  block's ranks span, then a select inside the word. Stores are coalesced, and no
+  block's ranks span (found by one 64-way search for both ends), then a select inside
+  the word. Stores are coalesced, and no
   program loops over the set bits of its words.
 * ``_gaps`` (only with GAP8 entries), twice: the per-block sums of the gaps (an escaped
   gap is read at its rank among the escape bytes), then each index as the prefix sum.
@@ -36,6 +37,9 @@ from .kernel_bits import (bit_length, column, flags_before, get_fields, owned_bl
                           shift_right, width_mask)
 
 BLOCK = 1024
+_LOG = tl.constexpr(6)
+_FAN = tl.constexpr(1 << _LOG.value)
+"""``_bounds`` probes ``_FAN`` slots per target and step."""
 _INT64 = torch.int64
 _FIRST_BLOCK = tl.constexpr(0)
 _START = tl.constexpr(1)
@@ -84,9 +88,9 @@ def _popcount(x):
 def _last_at_most(before, lo, hi, target, steps):
     """The last slot in ``[lo, hi]`` whose ``before`` (non-decreasing) is at most
     ``target``, given that ``before[lo]`` is; ``steps`` halvings of ``hi - lo`` (its bit
-    length) reach it. Scalars or blocks alike; every load stays inside ``[lo, hi]``."""
+    length) reach it. Blocks of slots; every load stays inside ``[lo, hi]``."""
     for _ in range(steps):
-        mid = (lo + hi + 1) // 2
+        mid = (lo + hi + 1) >> 1
         ok = tl.load(before + mid) <= target
         lo = tl.where(ok, mid, lo)
         hi = tl.where(ok, hi, mid - 1)
@@ -94,36 +98,71 @@ def _last_at_most(before, lo, hi, target, steps):
 
 
 @triton.jit
+def _bounds(before, first, end, head, tail):
+    """``_last_at_most`` over ``[first, end]`` for the two scalars ``head <= tail`` at once,
+    with ``_FAN`` probes per target and step: ``log`` of the range's length to that base
+    in dependent loads, where a bisection takes its binary log, twice (those loads wait on
+    each other, and they decided this kernel's time). A step's probes cut each range into
+    pieces of ``step`` slots; those at most the target are a prefix, so their count picks
+    the piece. Returns the slots of ``head`` and ``tail``."""
+    row = tl.arange(0, 2)[:, None]
+    lane = tl.arange(1, _FAN + 1)[None, :].to(tl.int64)
+    target = tl.where(row == 0, head, tail)
+    lo = first + row * 0
+    hi = end + row * 0
+    for _ in range((bit_length(end - first) + _LOG - 1) // _LOG):
+        step = tl.maximum((hi - lo + _FAN - 1) >> _LOG, 1)
+        probe = lo + lane * step
+        inside = probe <= hi
+        ok = inside & (tl.load(before + probe, mask=inside, other=0) <= target)
+        lo = lo + tl.sum(ok.to(tl.int64), 1)[:, None] * step
+        hi = tl.minimum(hi, lo + step - 1)
+    return tl.sum(tl.where(row == 0, lo, 0)), tl.sum(tl.where(row == 1, lo, 0))
+
+
+@triton.jit
 def _select(data, inside):
     """The position of the ``inside``-th (0-based) set bit of each int64 ``data``.
 
-    The popcount's partial sums are kept: set bits per 2, 4, 8, 16 and 32 bits (each
-    count in the low bits of its field). From the whole word down, each level skips the
-    low half of the current field when ``inside`` lies past its set bits: six compares,
-    no popcount per level."""
-    pairs = data - (shift_right(data, data * 0 + 1) & 0x5555555555555555)
-    nibbles = ((pairs & 0x3333333333333333)
-               + (shift_right(pairs, pairs * 0 + 2) & 0x3333333333333333))
-    bytes_ = (nibbles + shift_right(nibbles, nibbles * 0 + 4)) & 0x0F0F0F0F0F0F0F0F
-    halves = bytes_ + shift_right(bytes_, bytes_ * 0 + 8)
-    words = halves + shift_right(halves, halves * 0 + 16)
-    pos = data * 0
-    pos, inside = _skip_low(words, pos, inside, 32)
-    pos, inside = _skip_low(halves, pos, inside, 16)
+    The low half's set bits pick the half; in it the popcount's partial sums are kept: set
+    bits per 2, 4, 8 and 16 bits (each count in the low bits of its field). From the half
+    down, each level skips the low half of the current field when ``inside`` lies past its
+    set bits: five compares, no popcount per level. All in 32 bits: a 64-bit shift or mask
+    takes two instructions or more, and a whole word's partial sums held the registers
+    that limited the kernel's programs per SM."""
+    inside = inside.to(tl.int32)
+    low = data.to(tl.uint32)
+    low_ones = _popcount32(low)
+    up = inside >= low_ones
+    half = tl.where(up, shift_right(data, data * 0 + 32).to(tl.uint32), low)
+    inside = tl.where(up, inside - low_ones, inside)
+    pairs = half - ((half >> 1) & 0x55555555)
+    nibbles = (pairs & 0x33333333) + ((pairs >> 2) & 0x33333333)
+    bytes_ = (nibbles + (nibbles >> 4)) & 0x0F0F0F0F
+    pos = inside * 0
+    pos, inside = _skip_low(bytes_ + (bytes_ >> 8), pos, inside, 16)
     pos, inside = _skip_low(bytes_, pos, inside, 8)
     pos, inside = _skip_low(nibbles, pos, inside, 4)
     pos, inside = _skip_low(pairs, pos, inside, 2)
-    pos, _ = _skip_low(data, pos, inside, 1)
-    return pos
+    pos, _ = _skip_low(half, pos, inside, 1)
+    return (pos + tl.where(up, 32, 0)).to(tl.int64)
+
+
+@triton.jit
+def _popcount32(x):
+    """Set bits of each uint32 ``x``, as int32."""
+    x = x - ((x >> 1) & 0x55555555)
+    x = (x & 0x33333333) + ((x >> 2) & 0x33333333)
+    return ((((x + (x >> 4)) & 0x0F0F0F0F) * 0x01010101) >> 24).to(tl.int32)
 
 
 @triton.jit
 def _skip_low(counts, pos, inside, HALF: tl.constexpr):
-    """One level of ``_select``: past the low ``HALF`` bits of the field at ``pos`` when
-    ``inside`` is at least their set-bit count (in ``counts``' low bits at ``pos``)."""
-    low = shift_right(counts, pos) & (2 * HALF - 1)
-    up = inside >= low
-    return pos + tl.where(up, HALF, 0), tl.where(up, inside - low, inside)
+    """One level of ``_select``: past the low ``HALF`` bits of the field at ``pos`` (of the
+    half) when ``inside`` is at least their set-bit count (in ``counts``' low bits there)."""
+    low = ((counts >> pos.to(tl.uint32)) & (2 * HALF - 1)).to(tl.int32)
+    more = inside >= low
+    return pos + tl.where(more, HALF, 0), tl.where(more, inside - low, inside)
 
 
 @triton.jit
@@ -156,10 +195,9 @@ def _fields(table, block_seg, segments, streams, stream_count, before, words, la
         first = column(streams, _STREAM_FIRST_BLOCK, stream_count, s) * BLOCK
         end = first + column(streams, _STREAM_WORDS, stream_count, s) - 1
         base = tl.load(before + first)
-        head = base + tl.min(rank)
-        lo = _last_at_most(before, first, end, head, bit_length(end - first))
-        tail = base + tl.minimum(tl.max(rank), count - 1)
-        hi = _last_at_most(before, lo, end, tail, bit_length(end - lo))
+        head = base + (block - column(table, _FIRST_BLOCK, segments, seg)).to(tl.int64) * BLOCK
+        tail = tl.minimum(head + BLOCK, base + count) - 1
+        lo, hi = _bounds(before, first, end, head, tail)
         target = base + tl.minimum(rank, count - 1)
         slot = _last_at_most(before, lo + rank * 0, hi + rank * 0, target, bit_length(hi - lo))
         word_base = (slot - first) * 64

@@ -75,21 +75,26 @@ def plan(tensors: Sequence[Sequence[torch.Tensor]], keys: Sequence[Hashable], *,
     tensors, one per kind; the first sets the member's size) for kernels over tiles of
     ``tile_elements``; a group addresses its members from ``tensors[group.members[0]]``."""
     ids: dict[Hashable, int] = {}
-    shared = tuple(ids.setdefault(key, len(ids)) for key in keys)
-    layout = tuple((tuple(t.data_ptr() for t in kinds), kinds[0].numel()) for kinds in tensors)
-    groups = _plan(layout, shared, tensors[0][0].device,
-                   tuple(t.element_size() for t in tensors[0]), tile_elements, GROUP_ELEMENTS)
-    return [attrs.evolve(group, key=keys[group.members[0]]) for group in groups]
+    shared = tuple([ids.setdefault(key, len(ids)) for key in keys])
+    first = tensors[0]
+    groups = _plan(tuple([t.data_ptr() for kinds in tensors for t in kinds]),
+                   tuple([kinds[0].numel() for kinds in tensors]), shared, first[0].device,
+                   tuple(t.element_size() for t in first), tile_elements, GROUP_ELEMENTS)
+    distinct = tuple(ids)
+    return [attrs.evolve(group, key=distinct[group.key]) for group in groups]
 
 
 @functools.lru_cache(maxsize=_PLANS)
-def _plan(layout: tuple[tuple[tuple[int, ...], int], ...], shared: tuple[int, ...],
+def _plan(pointers: tuple[int, ...], numels: tuple[int, ...], shared: tuple[int, ...],
           device: torch.device, sizes: tuple[int, ...], tile_elements: int,
           group_elements: int) -> list[Group]:
-    """``plan`` from the members' addresses and sizes and their keys' ids (``shared``)."""
+    """``plan`` from the members' addresses (``len(sizes)`` per member) and sizes and
+    their keys' ids (``shared``), which the groups hold as their keys."""
+    kinds = len(sizes)
+    layout = [(pointers[i * kinds:(i + 1) * kinds], numel) for i, numel in enumerate(numels)]
     buckets: dict[Hashable, list[int]] = {}
-    for i, ((pointers, numel), key) in enumerate(zip(layout, shared)):
-        aligned = all(p % VECTOR_BYTES == 0 for p in pointers)
+    for i, ((addresses, numel), key) in enumerate(zip(layout, shared)):
+        aligned = all(p % VECTOR_BYTES == 0 for p in addresses)
         buckets.setdefault((key, aligned, index_dtype(numel)), []).append(i)
     runs: list[tuple[Hashable, list[int]]] = []
     for full_key, members in buckets.items():

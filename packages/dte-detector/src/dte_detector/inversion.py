@@ -160,31 +160,56 @@ def invert_adamw_all(inversions: Sequence[Inversion], *, guard_ulps: float = GUA
         PrecisionError: a master or a moment is not fp32.
         StepGapError: more than one step since a tensor's reference.
     """
-    for one in inversions:
-        for field in ("master", "exp_avg", "exp_avg_sq"):
-            if getattr(one, field).dtype != torch.float32:
-                raise PrecisionError(one.name, field=field, got=getattr(one, field).dtype)
-        if one.hyper.step not in (one.previous_step, one.previous_step + 1):
-            raise StepGapError(one.name, previous=one.previous_step, current=one.hyper.step)
-    found: list[ChangeSet | None] = [None] * len(inversions)
+    return invert_columns([one.name for one in inversions],
+                          [(one.master, one.exp_avg, one.exp_avg_sq) for one in inversions],
+                          [one.hyper for one in inversions],
+                          [one.previous_step for one in inversions],
+                          [one.dtype for one in inversions], guard_ulps=guard_ulps)
+
+
+def invert_columns(names: Sequence[str],
+                   states: Sequence[tuple[torch.Tensor, torch.Tensor, torch.Tensor]],
+                   hypers: Sequence[AdamWStep], previous: Sequence[int],
+                   dtypes: Sequence[torch.dtype], *, guard_ulps: float = GUARD_ULPS
+                   ) -> list[ChangeSet]:
+    """``invert_adamw_all`` with its arguments as columns (``Inversion``'s fields, the
+    master and moments as one ``(master, exp_avg, exp_avg_sq)`` per tensor): a caller
+    that inverts every tensor of a model each sync builds no object per tensor (the
+    Python in front of the first kernel launch is time the device waits for).
+
+    Raises:
+        PrecisionError: a master or a moment is not fp32 (the first such tensor, in order).
+        StepGapError: more than one step since a tensor's reference.
+    """
+    fp32 = torch.float32
+    for name, state, hyper, before in zip(names, states, hypers, previous):
+        if state[0].dtype != fp32 or state[1].dtype != fp32 or state[2].dtype != fp32:
+            at = next(k for k, t in enumerate(state) if t.dtype != fp32)
+            raise PrecisionError(name, field=_STATE_FIELDS[at], got=state[at].dtype)
+        if hyper.step != before + 1 and hyper.step != before:
+            raise StepGapError(name, previous=before, current=hyper.step)
+    found: list[ChangeSet | None] = [None] * len(states)
     fused: dict[torch.device, dict[int, tuple[torch.Tensor, ...]]] = {}
-    for at, one in enumerate(inversions):
-        state = (one.master, one.exp_avg, one.exp_avg_sq)
-        if one.hyper.step == one.previous_step or not one.master.numel():
-            found[at] = ChangeSet.empty(one.master, dtype=one.dtype)
-        elif dispatch.kernels_for(*state, payload=one.dtype):
-            fused.setdefault(one.master.device, {})[at] = tuple(t.contiguous() for t in state)
+    for at, ((p, m, v), hyper, before, dtype) in enumerate(zip(states, hypers, previous,
+                                                                dtypes)):
+        if hyper.step == before or not p.numel():
+            found[at] = ChangeSet.empty(p, dtype=dtype)
+        elif dispatch.kernels_for(p, m, v, payload=dtype):
+            fused.setdefault(p.device, {})[at] = (p.contiguous(), m.contiguous(),
+                                                  v.contiguous())
         else:
-            found[at] = _invert_reference(*(t.detach().reshape(-1) for t in state), one.hyper,
-                                          one.dtype, guard_ulps)
+            found[at] = _invert_reference(p.detach().reshape(-1), m.detach().reshape(-1),
+                                          v.detach().reshape(-1), hyper, dtype, guard_ulps)
     for members in fused.values():
         from .inversion_kernel import invert_batch
-        chosen = [inversions[at] for at in members]
-        results = invert_batch(list(members.values()), [c.hyper for c in chosen],
-                               [c.dtype for c in chosen], guard_ulps=guard_ulps)
+        results = invert_batch(list(members.values()), [hypers[at] for at in members],
+                               [dtypes[at] for at in members], guard_ulps=guard_ulps)
         for at, result in zip(members, results):
             found[at] = result
     return found
+
+
+_STATE_FIELDS = ("master", "exp_avg", "exp_avg_sq")
 
 
 def _invert_reference(p: torch.Tensor, m: torch.Tensor, v: torch.Tensor, hyper: AdamWStep,

@@ -16,7 +16,7 @@ import torch
 
 from .changes import ChangeSet
 from .errors import StepGapError
-from .inversion import Inversion, invert_adamw_all
+from .inversion import invert_columns
 from .torch_adamw import AdamWState, torch_adamw_states
 
 
@@ -59,17 +59,17 @@ class AdamWSteps:
         return self.changes_all({name: model})[name]
 
     def changes_all(self, models: Mapping[str, torch.Tensor]) -> dict[str, ChangeSet]:
-        """``changes`` of every ``name: model``, inverted together (``invert_adamw_all``).
+        """``changes`` of every ``name: model``, inverted together (``inversion.invert_columns``).
 
         Raises:
             StepGapError: more than one step since the commit, for any of them.
         """
         stepped = {name: self._stepped[name] for name in models if name in self._stepped}
-        inversions = [Inversion(name=name, master=s.param, exp_avg=s.exp_avg,
-                                exp_avg_sq=s.exp_avg_sq, hyper=s.hyper,
-                                previous_step=self._synced.get(name, 0),
-                                dtype=models[name].dtype) for name, s in stepped.items()]
-        found = dict(zip(stepped, invert_adamw_all(inversions)))
+        synced = self._synced
+        found = dict(zip(stepped, invert_columns(
+            list(stepped), [(s.param, s.exp_avg, s.exp_avg_sq) for s in stepped.values()],
+            [s.hyper for s in stepped.values()], [synced.get(name, 0) for name in stepped],
+            [models[name].dtype for name in stepped])))
         return {name: found[name] if name in found else ChangeSet.empty(model)  # not stepped
                 for name, model in models.items()}
 

@@ -1,0 +1,70 @@
+"""Host time in front of the fused inversion: what the GPU waits for before its first
+``_mark`` launch in a sync (``AdamWSteps.changes_all`` -> ``invert_adamw_all`` checks,
+per-tensor bookkeeping, kernel configurations and ``batch.plan``).
+
+Runs on the CPU: the tensors are CPU tensors of the Qwen3-4B count (290 by default; the
+sizes do not matter, only the count), ``dispatch.kernels_for`` is made to answer yes and
+``inversion_kernel.invert_batch`` is replaced by its host part up to the first launch
+(the configurations and ``batch.plan``), so that the timing is the Python in front of
+the kernels and nothing else. Only names that ``main`` has too are used, so the same
+script times an older tree (``PYTHONPATH`` pointing at its ``src``) for before/after.
+
+    uv run python tools/bench_detect_host.py --tensors 290 --reps 50
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+
+from dte_detector import batch, dispatch, inversion_kernel
+from dte_detector.inversion import AdamWStep
+from dte_detector.steps import AdamWSteps
+from dte_detector.torch_adamw import AdamWState
+
+
+def _front(flats, hypers, dtypes, *, guard_ulps):
+    """``invert_batch`` up to its first launch: configurations and the plan."""
+    keys = [(*inversion_kernel._config(h, guard_ulps), d) for h, d in zip(hypers, dtypes)]
+    batch.plan(flats, keys, tile_elements=inversion_kernel.ROWS * 8)
+    return [None] * len(flats)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tensors", type=int, default=290)
+    parser.add_argument("--reps", type=int, default=50)
+    args = parser.parse_args()
+    inversion_kernel.invert_batch = _front
+    dispatch.kernels_for = lambda *tensors, payload: True
+    steps = AdamWSteps(lambda param: [])
+    params = [torch.zeros(64 if i % 3 else 8) for i in range(args.tensors)]
+    moments = [(torch.zeros_like(p), torch.zeros_like(p)) for p in params]
+    models = {f"w{i}": torch.zeros(p.shape, dtype=torch.bfloat16) for i, p in enumerate(params)}
+
+    def stepped(step: int) -> None:
+        """The state after optimizer step ``step``, as ``AdamWSteps.record`` keeps it: new
+        state objects and step counts (so the kernels' configurations are new too)."""
+        for i, (param, (m, v)) in enumerate(zip(params, moments)):
+            hyper = AdamWStep(lr=3e-6, weight_decay=0.003, step=step)
+            steps._stepped[f"w{i}"] = AdamWState(param, m, v, hyper)
+            steps._synced[f"w{i}"] = step - 1
+
+    samples = []
+    for rep in range(args.reps + 3):
+        stepped(rep + 1)
+        start = time.perf_counter()
+        steps.changes_all(models)
+        samples.append((time.perf_counter() - start) * 1e3)
+    samples = samples[3:]
+    samples.sort()
+    print(f"| changes_all host front | {args.tensors} tensors | median "
+          f"{statistics.median(samples):.3f} ms | p90 {samples[int(0.9 * (len(samples) - 1))]:.3f}"
+          " ms |")
+
+
+if __name__ == "__main__":
+    main()
