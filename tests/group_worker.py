@@ -39,7 +39,8 @@ def rendezvous(folder) -> str:
 
 
 def finish(processes, seconds: float) -> tuple[list, list]:
-    """Join every spawned process within ``seconds`` in all; kill the ones still running.
+    """Join every spawned process within ``seconds`` in all; kill and reap the ones still
+    running.
 
     Returns:
         The processes that hung (killed) and every process's exit code.
@@ -48,9 +49,20 @@ def finish(processes, seconds: float) -> tuple[list, list]:
     for process in processes:
         process.join(max(1.0, deadline - time.monotonic()))
     hung = [process for process in processes if process.is_alive()]
-    for process in hung:
-        process.kill()
+    stop(hung)
     return hung, [process.exitcode for process in processes]
+
+
+def stop(processes) -> None:
+    """Kill every started process that still runs, then reap each one: a killed process
+    left unjoined stays a zombie child of the test process, which later tests' checks of
+    their own children would find."""
+    started = [process for process in processes if process.pid is not None]
+    for process in started:
+        if process.is_alive():
+            process.kill()
+    for process in started:
+        process.join()
 
 
 @attrs.frozen
