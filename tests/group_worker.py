@@ -39,7 +39,8 @@ def rendezvous(folder) -> str:
 
 
 def finish(processes, seconds: float) -> tuple[list, list]:
-    """Join every spawned process within ``seconds`` in all; kill the ones still running.
+    """Join every spawned process within ``seconds`` in all; kill and reap the ones still
+    running.
 
     Returns:
         The processes that hung (killed) and every process's exit code.
@@ -48,9 +49,20 @@ def finish(processes, seconds: float) -> tuple[list, list]:
     for process in processes:
         process.join(max(1.0, deadline - time.monotonic()))
     hung = [process for process in processes if process.is_alive()]
-    for process in hung:
-        process.kill()
+    stop(hung)
     return hung, [process.exitcode for process in processes]
+
+
+def stop(processes) -> None:
+    """Kill every started process that still runs, then reap each one: a killed process
+    left unjoined stays a zombie child of the test process, which later tests' checks of
+    their own children would find."""
+    started = [process for process in processes if process.pid is not None]
+    for process in started:
+        if process.is_alive():
+            process.kill()
+    for process in started:
+        process.join()
 
 
 @attrs.frozen
@@ -65,6 +77,9 @@ class Case:
     """False: the per-op point-to-point variant (``DTE_DELTA_P2P_COALESCE=0``)."""
     window: int = DEFAULT_WINDOW_BYTES
     """Bytes per window of a full sync (``GroupSender(window_bytes=)``)."""
+    timeout: float = 60
+    """Seconds a collective of the sync group waits for its peers (``new_group(timeout=)``):
+    how long a rank whose peer died can wait before it raises."""
     fault: str | None = None
     """None; "kill_rollout": the first rollout rank dies in version 3's exchange; "corrupt": a
     byte of one payload flips in flight at version 5; "corrupt_full": one flips in the
@@ -119,7 +134,7 @@ def run(rank: int, case: Case, store: str, out_dir: str, rejoin: str | None = No
         replacement: bool = False) -> None:
     """One rank's whole life; with ``rejoin`` the survivors of a dead peer form a new
     group there with a ``replacement`` process, which starts empty at version 4."""
-    _join(rank, case, rejoin if replacement else store)
+    group = _join(rank, case, rejoin if replacement else store)
     roles = Roles(range(case.trainers), range(case.trainers, case.world))
     rollout_shards = [attrs.evolve(sglang_shard(case.config, case.rollout, rank=r),
                                    rank=case.trainers + r) for r in range(case.rollout.tp)]
@@ -128,9 +143,9 @@ def run(rank: int, case: Case, store: str, out_dir: str, rejoin: str | None = No
     reference_opt = torch.optim.AdamW(reference_params, lr=LR, weight_decay=WD, foreach=True)
     if rank < case.trainers:
         shard = megatron_shard(case.config, case.trainer, rank=rank)
-        role = _Trainer(case, shard, rollout_shards, roles, reference)
+        role = _Trainer(case, shard, rollout_shards, roles, reference, group)
     else:
-        role = _Rollout(case, rollout_shards[rank - case.trainers], roles)
+        role = _Rollout(case, rollout_shards[rank - case.trainers], roles, group)
     log = []
     for version in range(1, case.versions + 1):
         for param, grad in zip(reference_params, canonical_grads(reference, version).values()):
@@ -143,7 +158,7 @@ def run(rank: int, case: Case, store: str, out_dir: str, rejoin: str | None = No
         log.append(f"{rank} v{version} {outcome}")
         if "Error" in outcome and rejoin is not None:
             dist.destroy_process_group()
-            _join(rank, case, rejoin)
+            role.regroup(_join(rank, case, rejoin))
     suffix = "-replacement" if replacement else ""
     with open(os.path.join(out_dir, f"rank{rank}{suffix}.log"), "w") as fh:
         fh.write("\n".join(log))
@@ -162,9 +177,17 @@ REJOIN_VERSION = 4
 """The first version a replacement process takes part in."""
 
 
-def _join(rank: int, case: Case, store: str) -> None:
-    dist.init_process_group("gloo", init_method=store, rank=rank,
-                            world_size=case.world, timeout=datetime.timedelta(seconds=60))
+RENDEZVOUS_SECONDS = 180
+"""How long ``init_process_group`` waits for every rank: spawned ranks import torch and the
+packages first, which takes up to a minute each on a loaded 2-core machine."""
+
+
+def _join(rank: int, case: Case, store: str) -> dist.ProcessGroup:
+    """Join the world at ``store``; return the group the syncs run on: every rank, with the
+    case's collective timeout, shorter than the rendezvous's wait for slow starters."""
+    dist.init_process_group("gloo", init_method=store, rank=rank, world_size=case.world,
+                            timeout=datetime.timedelta(seconds=RENDEZVOUS_SECONDS))
+    return dist.new_group(timeout=datetime.timedelta(seconds=case.timeout))
 
 
 def _die(outgoing, **kwargs):
@@ -191,17 +214,20 @@ def _corrupting(outgoing, **kwargs):
 
 
 class _Trainer:
-    def __init__(self, case, shard, rollout_shards, roles, reference):
+    def __init__(self, case, shard, rollout_shards, roles, reference, group):
         self.case = case
         self.names = {p.tensor: p.canonical for p in shard.pieces}
         masters = {n: torch.nn.Parameter(t) for n, t in cut(shard, reference).items()}
         self.shard = shard
         optimizer = torch.optim.AdamW(masters.values(), lr=LR, weight_decay=WD, foreach=True)
         sender = GroupSender(plan(shard, rollout_shards), roles=roles, stream_id="trajectory",
-                             anchor_interval=case.anchor, coalesce=case.coalesce,
+                             group=group, anchor_interval=case.anchor, coalesce=case.coalesce,
                              window_bytes=case.window)
         dtypes = {n: payload_dtype(self.names[n]) for n in masters}
         self.actor = TorchActor(masters, optimizer, sender, method=case.method, dtype=dtypes)
+
+    def regroup(self, group) -> None:
+        self.actor.sender.group = group
 
     def version(self, version, canonical) -> str:
         if self.case.fault == "corrupt" and self.shard.rank == 0:
@@ -221,12 +247,15 @@ class _Trainer:
 
 
 class _Rollout:
-    def __init__(self, case, shard, roles):
+    def __init__(self, case, shard, roles, group):
         self.case, self.shard = case, shard
         expected = expected_rollout(shard, canonical_masters(case.config))
         self.weights = {n: torch.zeros_like(t) for n, t in expected.items()}
-        self.receiver = GroupReceiver(self.weights, roles=roles, coalesce=case.coalesce,
-                                      shard=shard)
+        self.receiver = GroupReceiver(self.weights, roles=roles, group=group,
+                                      coalesce=case.coalesce, shard=shard)
+
+    def regroup(self, group) -> None:
+        self.receiver.group = group
 
     def version(self, version, canonical) -> str:
         fault = self.case.fault

@@ -27,7 +27,7 @@ import attrs
 import pytest
 from awex_world import PAIRS, TRAINER_TP, Case, run_rollout, run_trainer, write_json
 from dte_config import DeltaMethod
-from group_worker import finish, rendezvous
+from group_worker import finish, rendezvous, stop
 from megatron_world import DENSE, MOE
 
 pytestmark = [pytest.mark.areal, pytest.mark.distributed]
@@ -130,9 +130,7 @@ def test_every_rollout_rank_equals_a_full_sync_every_version(case, tmp_path):
         _publish_metas(tmp_path, case, url, procs)
         hung, codes = finish(procs, 200)
     finally:
-        for proc in procs:
-            if proc.is_alive():
-                proc.kill()
+        stop(procs)
         server.should_exit = True
     assert ([], [0] * len(procs)) == (hung, codes)
     for t in range(TRAINER_TP):
