@@ -100,8 +100,9 @@ def test_routed_write_failure_restores_the_rank(monkeypatch):
         original(self)
         raise RuntimeError("device lost")
 
-    monkeypatch.setattr(StagedRoutes, "write", write)
+    # built first: on a GPU the receiver's codec warm-up writes through StagedRoutes too
     reference, routed = _pair(source, sglang_shard(config, layout, rank=1), old)
+    monkeypatch.setattr(StagedRoutes, "write", write)
     with kernels():
         ack = routed.receive(data)
     assert (False, 1, Rejection.APPLY_FAILED) == (ack.accepted, ack.version, ack.rejection)
