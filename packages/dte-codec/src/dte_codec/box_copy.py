@@ -57,6 +57,9 @@ class CopyPlan:
 
     tensors: tuple[str, ...]
     launches: tuple[_Launch, ...]
+    _tables: dict[str, tuple[tuple[int, ...], torch.Tensor]] = attrs.field(
+        factory=dict, init=False, eq=False, repr=False)
+    """The last address table of the sections and of the tensors, on the device."""
 
     @classmethod
     def of(cls, cuts: Sequence[Cut], itemsizes: Mapping[str, int], device: torch.device,
@@ -92,14 +95,23 @@ class CopyPlan:
         from . import box_copy_kernel as kernel
         device = self.launches[0].chunks.device
         targets = [weights[name] for name in self.tensors]
-        entries = host_table([[v.data_ptr() for v in values]], device)[0]
-        tensors = host_table([[t.data_ptr() for t in targets]], device)[0]
+        entries = self._addresses("entries", tuple(map(torch.Tensor.data_ptr, values)), device)
+        tensors = self._addresses("tensors", tuple(map(torch.Tensor.data_ptr, targets)), device)
         with on_device(device):
             for launch in self.launches:
                 kernel.copy(launch.chunks, launch.copies, entries, tensors,
                             itemsize=launch.itemsize, contiguous=launch.contiguous)
         # written through addresses: tell autograd, as an in-place torch write would
         torch.autograd.graph.increment_version(targets)
+
+    def _addresses(self, which: str, addresses: tuple[int, ...], device: torch.device
+                   ) -> torch.Tensor:
+        """``addresses`` as a device table, copied only when they differ from the last
+        ones of ``which``: a stream's sections and local tensors mostly stay put."""
+        last = self._tables.get(which)
+        if last is None or last[0] != addresses:
+            last = self._tables[which] = (addresses, host_table([list(addresses)], device)[0])
+        return last[1]
 
 
 @attrs.frozen

@@ -302,7 +302,18 @@ def _new_table(entries: tuple[Entry, ...]) -> EntryTable:
     return EntryTable(entries)
 
 
-_entry_table = functools.lru_cache(maxsize=TABLE_CACHE)(_new_table)
+@functools.lru_cache(maxsize=TABLE_CACHE)
+def _entry_table(entries: tuple[Entry, ...]) -> EntryTable:
+    _built[entries] = entries
+    if len(_built) > TABLE_CACHE:
+        _built.pop(next(iter(_built)))
+    return _new_table(entries)
+
+
+_built: dict[tuple[Entry, ...], tuple[Entry, ...]] = {}
+"""The full tables given to ``_entry_table`` lately. A table read from bytes that equals
+one of them is taken as that one (its ``Entry`` objects): a receiver in the sender's
+process then finds the table cached by identity, not by comparing every entry."""
 
 
 def _pack_entries(entries: tuple[Entry, ...]) -> bytes:
@@ -398,6 +409,7 @@ class _Reader:
                 entries = tuple(self.entry() for _ in range(count))
                 _check(None, "header_length", self.pos, len(self.data),
                        self.pos == len(self.data))
+            entries = _built.get(entries, entries)
             if len(_parsed_tables) >= TABLE_CACHE:
                 _parsed_tables.pop(next(iter(_parsed_tables)), None)  # oldest first
             _parsed_tables[key] = entries
