@@ -118,9 +118,8 @@ def _open(data: Frame | bytes | bytearray | memoryview, device: str | torch.devi
 
 
 def _per_entry(header: Header, sections: list[tuple[torch.Tensor, ...]]) -> Payload:
-    dense = _dense_regions(header.entries) if header.kind == Kind.FULL else None
-    if dense is not None:  # a dense entry's region is its tensor; a RAW section has no escapes
-        return Payload(header=header, indices=dense, values=tuple(sections))
+    if header.kind == Kind.FULL:
+        return _full(header, sections)
     indices, values = [], []
     for entry, entry_sections in zip(header.entries, sections):
         n_index = len(entry.index_sections())
@@ -129,6 +128,23 @@ def _per_entry(header: Header, sections: list[tuple[torch.Tensor, ...]]) -> Payl
         indices.append(_region(entry, index_sections))
         values.append(value_sections)
     return Payload(header=header, indices=tuple(indices), values=tuple(values))
+
+
+def _full(header: Header, sections: list[tuple[torch.Tensor, ...]]) -> Payload:
+    """A full payload: its entries are dense or boxes with RAW values (``Header.validate``),
+    so only the boxes are left to check, read from the body in one host copy (not one
+    per entry), in entry order."""
+    entries = header.entries
+    regions = _dense_regions(entries)
+    if regions is not None:
+        return Payload(header=header, indices=regions, values=tuple(sections))
+    box = [entry.index_encoding == IndexEncoding.BOX for entry in entries]
+    fields = [s[0] for s, is_box in zip(sections, box) if is_box]
+    host = iter(torch.cat(fields).cpu().split([f.numel() for f in fields]))
+    regions = tuple(_region(entry, (next(host),) if is_box else ())
+                    for entry, is_box in zip(entries, box))
+    values = tuple(s[1:] if is_box else s for s, is_box in zip(sections, box))
+    return Payload(header=header, indices=regions, values=values)
 
 
 @functools.lru_cache(maxsize=TABLE_CACHE)
