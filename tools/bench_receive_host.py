@@ -10,12 +10,10 @@ look-up and the address tables. Phases:
 
 * ``parse``: ``Header.unpack_head``, ``decode._split`` and ``decode._per_entry`` (decode
   without its body digest, which runs on the device);
-* ``digest``: ``body_digest`` of the segments (device work on a GPU, the torch reference
-  on the CPU: not host time there);
 * ``stage``: ``ShardStage`` on the decoded payload (on the CPU inside
   ``dispatch.interpreted()``, so the kernel path's staging is timed; it launches nothing);
-* ``write`` and ``receive`` (a whole ``Receiver.receive``): on CUDA only, as they launch
-  the copy kernel.
+* on CUDA only, as they launch kernels: ``digest`` (``body_digest`` of the segments),
+  ``write`` (the staged copies) and ``receive`` (a whole ``Receiver.receive``).
 
 Only names that older trees have are used, so ``PYTHONPATH`` pointing at another
 checkout times it in the same way for before/after figures.
@@ -28,11 +26,10 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import statistics
-import time
 
 import torch
 from areal_dte.shard_stage import ShardStage
+from bench_frame_host import timed
 from dte_codec import decode, encode_full
 from dte_codec.body_digest import body_digest
 from dte_codec.decode import _per_entry, _split
@@ -45,22 +42,6 @@ from dte_transport import Receiver
 
 QWEN3_4B = dict(vocab=151936, hidden=2560, layers=36, heads=32, kv_heads=8, head_dim=128,
                 intermediate=9728)
-
-
-def timed(fn, *, reps: int, device: torch.device) -> tuple[float, float]:
-    """Median and least ms of ``fn()`` after two warm-up runs (the device synchronized
-    around each run; the least is steadier on a shared host)."""
-    fn(), fn()
-    samples = []
-    for _ in range(reps):
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        start = time.perf_counter()
-        fn()
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        samples.append((time.perf_counter() - start) * 1e3)
-    return statistics.median(samples), min(samples)
 
 
 def scaled(scale: int) -> ModelConfig:
@@ -102,15 +83,16 @@ def main() -> None:
             return stage(local, payload)
 
     rows = {"parse": timed(parse, reps=a.reps, device=device),
-            "digest": timed(lambda: body_digest(frame.segments), reps=a.reps, device=device),
             "stage": timed(staged, reps=a.reps, device=device)}
     if device.type == "cuda":
+        rows["digest"] = timed(lambda: body_digest(frame.segments), reps=a.reps,
+                               device=device)
         receiver = Receiver(local, device=device, stage=stage)
         prepared = stage(local, payload)
         rows["write"] = timed(prepared.write, reps=a.reps, device=device)
         rows["receive"] = timed(lambda: receiver.receive(frame), reps=a.reps, device=device)
-    cells = " | ".join(f"{name} {median:.3f} ms (least {least:.3f})"
-                       for name, (median, least) in rows.items())
+    cells = " | ".join(f"{name} {median:.3f} ms (p90 {p90:.3f})"
+                       for name, (median, p90) in rows.items())
     print(f"| full receive host {a.label} | {len(weights)} tensors, Qwen3-4B / {a.scale} "
           f"on {a.device} | {cells} |")
 
