@@ -16,7 +16,10 @@ pieces:
   there, on a GPU all entries at once;
 - a dense or box entry is cut into the boxes of the local tensors it overlaps (computed
   once per tensor and box); where the kernels run, every box of a full version is
-  written by ``dte_codec.box_copy`` (one launch per item size).
+  written by ``dte_codec.box_copy`` (one launch per item size). A full payload's fit
+  and its copy plan depend only on its table and regions and on the local tensors'
+  names, shapes and dtypes, so a stream's next full version finds both by one look-up
+  and reads no more than its sections' devices and addresses.
 
 Elements that no piece of this shard holds (another rank's slice) are dropped; local
 elements that no piece covers (vocab padding) are never written. The result is a
