@@ -262,12 +262,12 @@ class ShardStage:
         return held
 
     def _copy_plan(self, weights: Mapping[str, torch.Tensor], entries: tuple[Entry, ...],
-                   boxes: tuple[Box, ...], raws: tuple[torch.Tensor, ...],
+                   boxes: tuple[torch.Tensor | Box, ...], raws: tuple[torch.Tensor, ...],
                    device: torch.device, aligned: bool) -> CopyPlan | None:
         """The copy plan of ``entries`` covering ``boxes``; None where the reference must
-        copy (a section of another size, a local tensor of another dtype, a cut the
-        kernel cannot take)."""
-        if any(raw.numel() != box.numel * entry.dtype.itemsize
+        copy (an entry that is not a box, a section of another size, a local tensor of
+        another dtype, a cut the kernel cannot take)."""
+        if any(not isinstance(box, Box) or raw.numel() != box.numel * entry.dtype.itemsize
                or any(weights[t].dtype != entry.dtype for t, _, _ in self._cuts(entry.name, box))
                for entry, box, raw in zip(entries, boxes, raws)):
             return None
