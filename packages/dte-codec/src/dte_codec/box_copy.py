@@ -12,13 +12,15 @@ bits, as neither converts items.
 
 from __future__ import annotations
 
+import functools
+import itertools
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 
 import attrs
 import torch
 
-from .dispatch import on_device
+from .dispatch import fused, on_device
 from .fields import WORD_BYTES, host_table
 from .region import Box
 from .remap import _strides
@@ -132,6 +134,42 @@ class StagedCopies:
 
     def write(self) -> None:
         self.plan.write(self.values, self.weights)
+
+
+PLANS = 4
+"""Plans kept for ``copies_by_name``: a receiver gets the same boxes every full version."""
+
+
+def copies_by_name(weights: Mapping[str, torch.Tensor],
+                   items: Sequence[tuple[str, Box, torch.Tensor]]) -> StagedCopies | None:
+    """The box entries of a full version, each (tensor name, box, raw section) written
+    into the tensor of that name, as one ``StagedCopies`` where the kernels run on the one
+    device of every tensor and section; None elsewhere (``copy_`` per entry). The plan
+    is kept per boxes, tensor shapes, device and alignment; per call only the devices
+    and addresses are read. The sections must fit their boxes (``apply.check_fit``)."""
+    if not items:
+        return None
+    targets = [weights[name] for name, _, _ in items]
+    raws = tuple(raw for _, _, raw in items)
+    device = targets[0].device
+    index = -1 if device.index is None else device.index
+    if not fused(device) or {t.get_device() for t in itertools.chain(targets, raws)} != {index}:
+        return None
+    aligned = not any(t.data_ptr() % WORD_BYTES for t in itertools.chain(raws, targets))
+    if not aligned and any(r.data_ptr() % t.element_size() for r, t in zip(raws, targets)):
+        return None
+    plan = _by_name(tuple((name, box, t.shape, t.element_size())
+                          for (name, box, _), t in zip(items, targets)), device, aligned)
+    return None if plan is None else StagedCopies(plan, raws, weights)
+
+
+@functools.lru_cache(maxsize=PLANS)
+def _by_name(boxes: tuple[tuple[str, Box, torch.Size, int], ...], device: torch.device,
+             aligned: bool) -> CopyPlan | None:
+    cuts = [Cut(k, name, Box.whole(box.size), box.size, box, tuple(shape))
+            for k, (name, box, shape, _) in enumerate(boxes)]
+    return CopyPlan.of(cuts, {name: itemsize for name, _, _, itemsize in boxes}, device,
+                       aligned=aligned)
 
 
 def _copy_row(cut: Cut, tensor: int, itemsize: int, *, aligned: bool
