@@ -391,16 +391,17 @@ class _Reader:
         kind = self.enum(Kind, kind, "kind", None)
         self.data = self.data[:length]
         stream = self.text(n_stream, "stream_id")
-        entries = self.entries(n_entries)
+        entries = self.entries(n_entries, kind)
         header = Header(stream_id=stream, kind=kind, base_version=base, payload_version=payload,
                         entries=entries)
         header.validate()
         _check(None, "body_length", header.body_size(), body, header.body_size() == body)
         return header, align(length)
 
-    def entries(self, count: int) -> tuple[Entry, ...]:
-        """The ``count`` entries filling the rest of the header (a table read before is
-        taken from ``_parsed_tables``: one dictionary look-up instead of O(entries) work)."""
+    def entries(self, count: int, kind: Kind) -> tuple[Entry, ...]:
+        """The ``count`` entries filling the rest of a header of ``kind`` (a table read
+        before is taken from ``_parsed_tables``: one dictionary look-up instead of
+        O(entries) work; a full one equal to a table this process built, from ``_built``)."""
         key = (bytes(self.data[self.pos:]), count)
         entries = _parsed_tables.get(key)
         if entries is None:
@@ -409,7 +410,8 @@ class _Reader:
                 entries = tuple(self.entry() for _ in range(count))
                 _check(None, "header_length", self.pos, len(self.data),
                        self.pos == len(self.data))
-            entries = _built.get(entries, entries)
+            if kind == Kind.FULL:  # a delta's table is new each sync: no hashing it
+                entries = _built.get(entries, entries)
             if len(_parsed_tables) >= TABLE_CACHE:
                 _parsed_tables.pop(next(iter(_parsed_tables)), None)  # oldest first
             _parsed_tables[key] = entries
