@@ -229,3 +229,19 @@ def test_stage_refuses_strided_tensors():
     with pytest.raises(ValueError) as info:
         ShardStage.of(hf_shard(DENSE), shard, local)
     assert f"layout: expected contiguous local tensors, got strided ['{name}']" == str(info.value)
+
+
+def test_full_versions_after_one_that_passed_are_still_checked():
+    """A stream's full versions are checked once per table and regions; one whose table
+    differs in a single tensor's shape, after two that passed, is refused before
+    anything is written: the rank stays at its version, bit for bit."""
+    shard, receiver = _ranks(DENSE, SGLangLayout(tp=2), _canonical(DENSE, 0))[0]
+    for version in (1, 2):
+        data = encode_full(_canonical(DENSE, version), stream_id="s", version=version)
+        assert receiver.receive(data).accepted
+    wrong = _canonical(DENSE, 3) | {"model.norm.weight": torch.zeros(17, dtype=torch.bfloat16)}
+    ack = receiver.receive(encode_full(wrong, stream_id="s", version=3))
+    assert (False, 2, Rejection.MISMATCH,
+            "tensor 'model.norm.weight': shape: expected (16,), got (17,)") == (
+        ack.accepted, ack.version, ack.rejection, ack.detail)
+    assert first_difference(_expected(shard, _canonical(DENSE, 2)), receiver.weights) is None

@@ -159,6 +159,42 @@ def _check_copied(config, layout, kind):
             assert first_difference(reference.weights, _cpu(copied.weights)) is None
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "float32"])
+@pytest.mark.parametrize("how", ["in-mapping", "data"])
+def test_copied_full_after_a_local_tensor_is_replaced(how, dtype):
+    """A local tensor replaced after a full version was copied (a new tensor in the
+    mapping, or new storage under the same tensor object): the next full version lands
+    in the new tensor bit for bit as the reference and leaves the old storage alone; by
+    the copy kernel at the new address, or, for a tensor of another dtype, by the
+    reference ``copy_`` (the plan made for the old dtype is dropped, not reused)."""
+    config, layout, kind = CASES[0]
+    source = _source(config, kind)
+    shard = sglang_shard(config, layout, rank=0)
+    reference, copied = _pair(source, shard, _canonical(config, 0))
+    name = next(n for n in shard.tensors if "qkv_proj" in n)
+    frames = [encode_full(materialize(source, _canonical(config, version)), stream_id="s",
+                          version=version) for version in (2, 3)]
+    assert reference.receive(frames[0]).accepted
+    with kernels():
+        assert copied.receive(frames[0]).accepted
+    for receiver in (reference, copied):
+        new = torch.full_like(receiver.weights[name], 3.0, dtype=dtype)
+        old = receiver.weights[name].detach()
+        if how == "data":
+            receiver.weights[name].data = new
+        else:
+            receiver.weights[name] = new
+    before = old.clone()
+    assert reference.receive(frames[1]).accepted
+    with kernels():
+        staged = copied.stage(copied.weights, decode(frames[1], device=DEVICE)).entries
+        assert (dtype == torch.bfloat16) == ([StagedCopies] == [type(s) for s in staged])
+        assert copied.receive(frames[1]).accepted
+    assert dtype == copied.weights[name].dtype
+    assert first_difference(reference.weights, _cpu(copied.weights)) is None
+    assert torch.equal(before.view(torch.uint8), old.view(torch.uint8))
+
+
 def _quadrant_shard(replicated: bool) -> tuple[Shard, Shard]:
     """A sender holding ``w`` (12, 16) and ``v`` (64,) whole, and a rank holding ``w`` cut in
     four quadrants (boxes that vary in two dimensions: no lookup) and ``v`` once, or

@@ -5,8 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 from bitwise import first_difference
+from kernel_mode import DEVICE, kernels, needs_triton
 from dte_codec import Frame, apply_, decode, encode_delta, encode_full
 from dte_codec.apply import Staged, check_covered, prepare, prepare_window
+from dte_codec.box_copy import StagedCopies
 from dte_codec.errors import ApplyError, EntryError, MismatchError
 from dte_codec.header import Kind
 from dte_codec.parts import assemble, box_part, dense_part
@@ -255,3 +257,30 @@ def test_window_of_a_delta_refused():
     with pytest.raises(MismatchError) as info:
         prepare_window(weights, [decode(_delta_bytes(weights))])
     assert "payloads: expected full payloads in a window, got DELTA" == str(info.value)
+
+
+@needs_triton
+@pytest.mark.parametrize("windows", [False, True], ids=["whole", "windows"])
+def test_full_version_by_the_copy_kernel(windows):
+    """Where the kernels run, a full version (whole tensors, or boxes from two windows) is
+    written by one box-copy write, bit for bit as the reference ``copy_`` per entry, also
+    a second time (the plan kept) from values at other addresses."""
+    weights, step = {n: t.to(DEVICE) for n, t in _weights().items()}, _weights()
+    for version in (3, 4):
+        step = _new(step)
+        source = {n: t.to(DEVICE) for n, t in step.items()}
+        b = source["b"]
+        parts = [[dense_part("a", source["a"]), box_part("b", b[:1], shape=(4, 30),
+                                                         start=(0, 0))],
+                 [box_part("b", b[1:], shape=(4, 30), start=(1, 0)),
+                  dense_part("c", source["c"])]]
+        if not windows:
+            parts = [[dense_part(n, t) for n, t in source.items()]]
+        with kernels():
+            for window in parts:
+                payload = decode(assemble(window, stream_id="s", kind=Kind.FULL,
+                                          base_version=-1, version=version))
+                prepared = prepare_window(weights, [payload])
+                assert [StagedCopies] == [type(s) for s in prepared.entries]
+                prepared.write()
+        assert first_difference(source, weights) is None

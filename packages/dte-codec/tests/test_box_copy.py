@@ -50,10 +50,7 @@ def test_copy_equals_copy_per_cut(dtype, offset):
     word-aligned or not, lands as the reference ``copy_`` puts it, and nothing else
     changes."""
     cuts, device_values, device_weights = _case(list(CUTS), dtype, offset, DEVICE)
-    expected = {n: t.cpu().clone() for n, t in device_weights.items()}
-    for cut, v in zip(cuts, device_values):
-        region = expected[cut.tensor][cut.local.slices()]
-        region.copy_(v.cpu().view(cut.shape)[cut.inside.slices()].reshape(region.shape))
+    expected = _copied_per_cut(cuts, device_values, device_weights)
     aligned = all(t.data_ptr() % WORD_BYTES == 0
                   for t in [*device_values, *device_weights.values()])
     assert (offset == 0) == aligned  # both the word and the item path run
@@ -61,9 +58,43 @@ def test_copy_equals_copy_per_cut(dtype, offset):
                        torch.device(DEVICE), aligned=aligned)
     with kernels():
         plan.write(device_values, device_weights)
+    _assert_bits(expected, device_weights)
+
+
+def test_a_plan_writes_where_its_values_and_tensors_are_now():
+    """A plan written again with values and local tensors at other addresses (new
+    tensors of the same shapes, as after a reload) writes into those, bit for bit as
+    ``copy_`` per cut, and leaves the first ones as they were."""
+    cuts, values, weights = _case(list(CUTS), torch.bfloat16, 0, DEVICE)
+    plan = CopyPlan.of(cuts, {n: t.element_size() for n, t in weights.items()},
+                       torch.device(DEVICE), aligned=True)
+    with kernels():
+        plan.write(values, weights)
+    first = {n: t.cpu().clone() for n, t in weights.items()}
+    gen = torch.Generator().manual_seed(7)
+    moved_values = [torch.randint(-2**15, 2**15, v.shape, generator=gen, dtype=torch.int32)
+                    .to(v.dtype).to(DEVICE) for v in values]
+    moved_weights = {n: t.clone() for n, t in weights.items()}
+    expected = _copied_per_cut(cuts, moved_values, moved_weights)
+    with kernels():
+        plan.write(moved_values, moved_weights)
+    _assert_bits(expected, moved_weights)
+    _assert_bits(first, weights)
+
+
+def _copied_per_cut(cuts, values, weights):
+    """On the CPU, ``weights`` after one ``copy_`` per cut from ``values``."""
+    expected = {n: t.cpu().clone() for n, t in weights.items()}
+    for cut, v in zip(cuts, values):
+        region = expected[cut.tensor][cut.local.slices()]
+        region.copy_(v.cpu().view(cut.shape)[cut.inside.slices()].reshape(region.shape))
+    return expected
+
+
+def _assert_bits(expected, weights):
     for name, tensor in expected.items():
         assert torch.equal(tensor.view(torch.uint8),
-                           device_weights[name].cpu().contiguous().view(torch.uint8)), name
+                           weights[name].cpu().contiguous().view(torch.uint8)), name
 
 
 def test_four_unmergeable_dimensions_are_left_to_the_reference():

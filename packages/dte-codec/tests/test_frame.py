@@ -4,6 +4,8 @@ comes in another order."""
 
 from __future__ import annotations
 
+import operator
+
 import pytest
 import torch
 from dte_codec import Frame, decode, encode_delta, encode_full
@@ -104,3 +106,24 @@ def test_decode_moves_a_frame_to_the_requested_device():
     """``device`` puts the decoded tensors there; without it they stay with the body."""
     payload = decode(_delta(), device="cpu")
     assert {torch.device("cpu")} == {s.device for v in payload.values for s in v}
+
+
+@pytest.mark.parametrize("cuts", [(5,), (0, 96, 96, 150), (1, 97, 193), (3, 4, 5, 6, 199)],
+                         ids=["inside-one", "empty-segments", "across", "many"])
+def test_full_sections_whatever_the_segments(cuts):
+    """A full frame's body cut into other segments (sections inside one, across several,
+    empty segments, an empty section) decodes to the sections of its bytes, before and
+    after the frame as encoded with the same header (section places are kept per table
+    and segment sizes); a dense section is its segment itself."""
+    weights = _weights() | {"none": torch.zeros(0, 4, dtype=torch.bfloat16)}
+    frame = encode_full(weights, stream_id="s", version=1)
+    body = torch.cat(frame.segments)
+    bounds = [0, *cuts, body.numel()]
+    recut = Frame(frame.header, [body[a:b].clone() for a, b in zip(bounds, bounds[1:])])
+    expected = decode(bytes(frame))
+    for payload in (decode(recut), decode(frame), decode(recut)):
+        assert [[bytes(s.numpy()) for s in v] for v in expected.values] == [
+            [bytes(s.numpy()) for s in v] for v in payload.values]
+        assert expected.indices == payload.indices
+    sections = [v[0] for v in decode(frame).values[:3]]  # then padding, then "none"
+    assert all(map(operator.is_, sections, frame.segments[:3]))

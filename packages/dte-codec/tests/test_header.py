@@ -11,6 +11,7 @@ from dte_codec.errors import DigestError, HeaderError
 from dte_codec.header import (ALIGNMENT, BODY_DIGEST_OFFSET, CODEC_VERSION, DIGEST_OFFSET, MAGIC,
                               NO_BASE, Entry, Header, IndexEncoding, ValueEncoding, align,
                               header_digest, index_itemsize)
+from dte_codec.parts import dense_part
 from forge import redigest
 from dte_detector import ChangeSet
 
@@ -345,3 +346,12 @@ def test_entries_valid_in_a_delta_are_still_refused_in_a_full_payload():
                entries=entries).validate()
     assert "tensor 'w': index_encoding: expected DENSE or BOX in a full payload, got GAP8" == str(
         info.value)
+
+
+def test_full_table_read_where_it_was_built_is_that_table():
+    """A full table read back in the process that built it is taken as that table (its
+    ``Entry`` objects, so the header caches hit by identity, not by comparing entries)."""
+    weights = {f"adopted.{k}": torch.zeros(k + 1, dtype=torch.bfloat16) for k in range(3)}
+    header = decode(encode_full(weights, stream_id="s", version=1)).header
+    assert all(entry is dense_part(name, t).entry
+               for entry, (name, t) in zip(header.entries, weights.items()))

@@ -137,3 +137,26 @@ def test_zero_dim_tensor_box():
     target = {"s": torch.tensor(0.0)}
     apply_all(target, [payload])
     assert 1.5 == target["s"].item()
+
+
+def test_full_payload_of_dense_and_box_entries():
+    """A full payload mixing dense entries and boxes (the box sections read together)
+    decodes each entry's region and values; a forged box behind valid ones is refused
+    naming its own tensor."""
+    a, b = torch.arange(6.0).reshape(3, 2), torch.arange(8.0).reshape(4, 2)
+    parts = [box_part("a", a[1:], shape=(3, 2), start=(1, 0)), dense_part("d", b),
+             box_part("b", b[:1], shape=(4, 2), start=(0, 0)), box_part("z", torch.tensor(2.0),
+                                                                    shape=(), start=())]
+    payload = decode(assemble(parts, stream_id="s", kind=Kind.FULL, base_version=-1,
+                              version=1))
+    assert (Box((1, 0), (2, 2)), Box((0, 0), (4, 2)), Box((0, 0), (1, 2)), Box((), ())) == \
+        payload.indices
+    assert [[2.0, 3.0, 4.0, 5.0], list(range(8)), [0.0, 1.0], [2.0]] == [
+        v[0].view(torch.float32).tolist() for v in payload.values]
+    forged = type(parts[2])(parts[2].entry, (Box((3, 0), (2, 2)).to_tensor(),
+                                             parts[2].sections[1]))
+    with pytest.raises(EntryError) as info:
+        decode(assemble([parts[0], parts[1], forged], stream_id="s", kind=Kind.FULL,
+                        base_version=-1, version=1))
+    assert ("tensor 'b': box: expected a non-empty box inside shape (4, 2), got start (3, 0), "
+            "size (2, 2)" == str(info.value))

@@ -16,7 +16,10 @@ pieces:
   there, on a GPU all entries at once;
 - a dense or box entry is cut into the boxes of the local tensors it overlaps (computed
   once per tensor and box); where the kernels run, every box of a full version is
-  written by ``dte_codec.box_copy`` (one launch per item size).
+  written by ``dte_codec.box_copy`` (one launch per item size). A full payload's fit
+  and its copy plan depend only on its table and regions and on the local tensors'
+  names, shapes and dtypes, so a stream's next full version finds both by one look-up
+  and reads no more than its sections' devices and addresses.
 
 Elements that no piece of this shard holds (another rank's slice) are dropped; local
 elements that no piece covers (vocab padding) are never written. The result is a
@@ -25,7 +28,7 @@ elements that no piece covers (vocab padding) are never written. The result is a
 
 from __future__ import annotations
 
-import itertools
+import operator
 from collections import defaultdict
 from collections.abc import Mapping
 
@@ -69,9 +72,15 @@ class ShardStage:
     """Per device where the kernels run, the plan as device tables (built on first use)."""
     _cut_cache: dict[tuple[str, Box], tuple[tuple[str, Box, Box], ...]] = attrs.field(
         factory=dict, init=False, eq=False, repr=False)
-    _plans: dict[tuple, CopyPlan | None] = attrs.field(factory=dict, init=False, eq=False,
-                                                       repr=False)
-    """The copy plans of the last few sets of box entries of full versions."""
+    _plans: _Recent = attrs.field(factory=lambda: _Recent(), init=False, eq=False,
+                                  repr=False)
+    """The copy plans (or None: the reference copies) of the last few sets of box
+    entries of full versions, by table, regions, device and alignment."""
+    _fitted: _Recent = attrs.field(factory=lambda: _Recent(), init=False, eq=False,
+                                   repr=False)
+    """The tables and regions of the last few full payloads that passed ``check_fit``."""
+    _held: list[_Local] = attrs.field(factory=list, init=False, eq=False, repr=False)
+    """The local tensors as the last full payload found them (``_local``)."""
 
     @classmethod
     def of(cls, source: Shard, shard: Shard,
@@ -108,22 +117,34 @@ class ShardStage:
             EntryError: a residue does not resolve against this rank's values.
             GeometryError: an index outside its canonical tensor.
         """
-        kind = check_fit(self.canonical, [payload])
+        kind = self._fit(payload)
+        if kind == Kind.FULL:
+            copied = self._copied(weights, payload)
+            if copied is not None:
+                return Prepared((copied,), True)
         entries = list(zip(payload.header.entries, payload.indices, payload.values))
         sparse = [k for k, (_, where, _) in enumerate(entries) if not isinstance(where, Box)]
         resolved = dict(zip(sparse, self._sparse(weights, [entries[k] for k in sparse])))
-        boxes = [entries[k] for k in range(len(entries)) if k not in resolved]
-        copied = self._copied(weights, boxes) if kind == Kind.FULL else None
-        staged: list[Staged | StagedRoutes | StagedCopies] = []
+        staged: list[Staged | StagedRoutes] = []
         for k, (entry, where, sections) in enumerate(entries):
             if k in resolved:
                 staged.extend(resolved[k])
-            elif copied is None:
+            else:
                 staged.extend(self._boxes(weights, entry, where, sections[0],
                                           keep_undo=kind == Kind.DELTA))
-        if copied is not None:
-            staged.append(copied)
         return Prepared(tuple(staged), kind == Kind.FULL)
+
+    def _fit(self, payload: Payload) -> Kind:
+        """``check_fit`` against the canonical tensors. It reads only the table and the
+        regions, so a full payload with the table and regions of one that passed passes
+        too: a stream's full versions are checked once."""
+        if payload.header.kind != Kind.FULL:
+            return check_fit(self.canonical, [payload])
+        key = (payload.header.entries, payload.indices)
+        if self._fitted.get(key) is _MISSING:
+            check_fit(self.canonical, [payload])
+            self._fitted.put(key, Kind.FULL)
+        return Kind.FULL
 
     def _sparse(self, weights: Mapping[str, torch.Tensor],
                 entries: list[tuple[Entry, torch.Tensor, tuple[torch.Tensor, ...]]]
@@ -195,47 +216,113 @@ class ShardStage:
                        values[inside.slices()].reshape(local.size), keep_undo=keep_undo)
                 for tensor, inside, local in cuts]
 
-    def _copied(self, weights: Mapping[str, torch.Tensor],
-                entries: list[tuple[Entry, Box, tuple[torch.Tensor, ...]]]
+    def _copied(self, weights: Mapping[str, torch.Tensor], payload: Payload
                 ) -> StagedCopies | None:
         """The box entries of a full version as one ``StagedCopies`` where the kernels
-        run; None where the reference writes them (``_boxes``)."""
-        device = next(iter(weights.values())).device if weights else None
-        if device is None or not entries or not fused(device):
+        run; None where the reference writes them (``_boxes``). Per payload only the
+        sections' devices and addresses are read: the plan is kept per table and regions
+        (and alignment) while the local tensors keep their layout (``_Local``)."""
+        local = self._local(weights)
+        device = local.device
+        if device is None or not payload.values or not fused(device):
             return None
-        raws = tuple(sections[0] for _, _, sections in entries)
-        if any(t.device != device for t in itertools.chain(raws, weights.values())):
+        raws = tuple(sections[0] for sections in payload.values)
+        if {raw.get_device() for raw in raws} != {-1 if device.index is None else device.index}:
             return None
-        aligned = all(t.data_ptr() % WORD_BYTES == 0
-                      for t in itertools.chain(raws, weights.values()))
-        if not aligned and any(raw.data_ptr() % entry.dtype.itemsize
-                               for (entry, _, _), raw in zip(entries, raws)):
+        addresses = tuple(map(torch.Tensor.data_ptr, raws))
+        aligned = local.aligned and not any(a % WORD_BYTES for a in addresses)
+        entries = payload.header.entries
+        if not aligned and any(a % entry.dtype.itemsize for entry, a in zip(entries, addresses)):
             return None
-        key = (device, aligned, tuple((entry.name, box) for entry, box, _ in entries))
-        if key not in self._plans:
+        key = (entries, payload.indices, device, aligned)
+        plan = self._plans.get(key)
+        if plan is _MISSING:
             # what a plan rests on, checked once per set of entries: the sections' sizes
             # follow from the entries' boxes and dtypes, which check_fit has fixed
-            self._plans[key] = self._copy_plan(weights, entries, raws, device, aligned)
-            if len(self._plans) > _PLANS:
-                self._plans.pop(next(iter(self._plans)))
-        plan = self._plans[key]
+            plan = self._copy_plan(weights, entries, payload.indices, raws, device, aligned)
+            self._plans.put(key, plan)
         return None if plan is None else StagedCopies(plan, raws, weights)
 
-    def _copy_plan(self, weights: Mapping[str, torch.Tensor],
-                   entries: list[tuple[Entry, Box, tuple[torch.Tensor, ...]]],
-                   raws: tuple[torch.Tensor, ...], device: torch.device, aligned: bool
-                   ) -> CopyPlan | None:
-        """The copy plan of ``entries``; None where the reference must copy (a section
-        of another size, a local tensor of another dtype, a cut the kernel cannot take)."""
-        if any(raw.numel() != box.numel * entry.dtype.itemsize
+    def _local(self, weights: Mapping[str, torch.Tensor]) -> _Local:
+        """The local tensors as this payload finds them; the copy plans are dropped
+        when their names, shapes or dtypes change (a tensor replaced or resized)."""
+        names, tensors = tuple(weights), tuple(weights.values())
+        layout = [(t.shape, t.dtype) for t in tensors]
+        addresses = tuple(map(torch.Tensor.data_ptr, tensors))
+        held = self._held[0] if self._held else None
+        if held is None or (held.names, held.layout, held.addresses) != (names, layout,
+                                                                          addresses):
+            if held is not None and (held.names, held.layout) != (names, layout):
+                self._plans.clear()
+            devices = {t.device for t in tensors}
+            held = _Local(names, layout, addresses,
+                          devices.pop() if len(devices) == 1 else None,
+                          not any(a % WORD_BYTES for a in addresses))
+            self._held[:] = [held]
+        return held
+
+    def _copy_plan(self, weights: Mapping[str, torch.Tensor], entries: tuple[Entry, ...],
+                   boxes: tuple[torch.Tensor | Box, ...], raws: tuple[torch.Tensor, ...],
+                   device: torch.device, aligned: bool) -> CopyPlan | None:
+        """The copy plan of ``entries`` covering ``boxes``; None where the reference must
+        copy (an entry that is not a box, a section of another size, a local tensor of
+        another dtype, a cut the kernel cannot take)."""
+        if any(not isinstance(box, Box) or raw.numel() != box.numel * entry.dtype.itemsize
                or any(weights[t].dtype != entry.dtype for t, _, _ in self._cuts(entry.name, box))
-               for (entry, box, _), raw in zip(entries, raws)):
+               for entry, box, raw in zip(entries, boxes, raws)):
             return None
         cuts = [Cut(k, tensor, inside, box.size, local, tuple(weights[tensor].shape))
-                for k, (entry, box, _) in enumerate(entries)
+                for k, (entry, box) in enumerate(zip(entries, boxes))
                 for tensor, inside, local in self._cuts(entry.name, box)]
         return CopyPlan.of(cuts, {n: t.element_size() for n, t in weights.items()}, device,
                            aligned=aligned)
+
+
+@attrs.frozen(eq=False)
+class _Local:
+    """The local tensors as one payload found them: what a copy plan rests on (names,
+    shapes, dtypes, the device) and whether they all start on a word."""
+
+    names: tuple[str, ...]
+    layout: list[tuple[torch.Size, torch.dtype]]
+    addresses: tuple[int, ...]
+    device: torch.device | None
+    """Where every local tensor lives; None when there are none or several devices."""
+    aligned: bool
+
+
+_MISSING = object()
+
+
+@attrs.define
+class _Recent:
+    """The values of the last ``_PLANS`` keys (tuples), the oldest leaving first. The
+    last key found is also matched by the identity of its parts, hashing nothing: a
+    stream's full versions decode to the same table and regions objects every time."""
+
+    _items: dict[tuple, object] = attrs.field(factory=dict)
+    _last: tuple[tuple, object] | None = None
+
+    def get(self, key: tuple) -> object:
+        """The value under ``key``, or ``_MISSING``."""
+        if self._last is not None and len(key) == len(self._last[0]) and all(
+                map(operator.is_, key, self._last[0])):
+            return self._last[1]
+        value = self._items.get(key, _MISSING)
+        if value is not _MISSING:
+            self._last = (key, value)
+        return value
+
+    def put(self, key: tuple, value: object) -> None:
+        self._items[key] = value
+        if len(self._items) > _PLANS:
+            self._items.pop(next(iter(self._items)))
+        self._last = (key, value)
+
+    def clear(self) -> None:
+        self._items.clear()
+        self._last = None
+
 
 def _base(weights: Mapping[str, torch.Tensor], entry: Entry,
           routed: Mapping[str, Remapped]) -> torch.Tensor | None:

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING
 import attrs
 import torch
 
+from .box_copy import StagedCopies, copies_by_name
 from .decode import Payload
 from .errors import ApplyError, MismatchError
 from .dispatch import fused
@@ -104,7 +105,7 @@ class Prepared:
     any of them writes.
     """
 
-    entries: tuple[Staged | StagedBatch, ...]
+    entries: tuple[Staged | StagedBatch | StagedCopies, ...]
     full: bool
 
     def write(self, *, check: Callable[[], None] | None = None) -> None:
@@ -159,10 +160,15 @@ def check_covered(weights: Mapping[str, torch.Tensor],
 
 def _prepared(weights: Mapping[str, torch.Tensor], payloads: Sequence[Payload], kind: Kind
               ) -> Prepared:
+    entries = [entry for payload in payloads
+               for entry in zip(payload.header.entries, payload.indices, payload.values)]
+    if kind == Kind.FULL:  # every entry a box (check_fit): one copy launch where it can
+        copied = copies_by_name(weights, [(entry.name, where, sections[0])
+                                          for entry, where, sections in entries])
+        if copied is not None:
+            return Prepared((copied,), True)
     items = [(weights[entry.name], entry, where, sections)
-             for payload in payloads
-             for entry, where, sections in zip(payload.header.entries, payload.indices,
-                                               payload.values)]
+             for entry, where, sections in entries]
     groups: dict[torch.device, list[int]] = defaultdict(list)
     for k, (target, _, where, _) in enumerate(items):
         if isinstance(where, torch.Tensor) and fused(target.device):

@@ -12,13 +12,15 @@ bits, as neither converts items.
 
 from __future__ import annotations
 
+import functools
+import itertools
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 
 import attrs
 import torch
 
-from .dispatch import on_device
+from .dispatch import fused, on_device
 from .fields import WORD_BYTES, host_table
 from .region import Box
 from .remap import _strides
@@ -57,6 +59,9 @@ class CopyPlan:
 
     tensors: tuple[str, ...]
     launches: tuple[_Launch, ...]
+    _tables: dict[str, tuple[tuple[int, ...], torch.Tensor]] = attrs.field(
+        factory=dict, init=False, eq=False, repr=False)
+    """The last address table of the sections and of the tensors, on the device."""
 
     @classmethod
     def of(cls, cuts: Sequence[Cut], itemsizes: Mapping[str, int], device: torch.device,
@@ -92,14 +97,23 @@ class CopyPlan:
         from . import box_copy_kernel as kernel
         device = self.launches[0].chunks.device
         targets = [weights[name] for name in self.tensors]
-        entries = host_table([[v.data_ptr() for v in values]], device)[0]
-        tensors = host_table([[t.data_ptr() for t in targets]], device)[0]
+        entries = self._addresses("entries", tuple(map(torch.Tensor.data_ptr, values)), device)
+        tensors = self._addresses("tensors", tuple(map(torch.Tensor.data_ptr, targets)), device)
         with on_device(device):
             for launch in self.launches:
                 kernel.copy(launch.chunks, launch.copies, entries, tensors,
                             itemsize=launch.itemsize, contiguous=launch.contiguous)
         # written through addresses: tell autograd, as an in-place torch write would
         torch.autograd.graph.increment_version(targets)
+
+    def _addresses(self, which: str, addresses: tuple[int, ...], device: torch.device
+                   ) -> torch.Tensor:
+        """``addresses`` as a device table, copied only when they differ from the last
+        ones of ``which``: a stream's sections and local tensors mostly stay put."""
+        last = self._tables.get(which)
+        if last is None or last[0] != addresses:
+            last = self._tables[which] = (addresses, host_table([list(addresses)], device)[0])
+        return last[1]
 
 
 @attrs.frozen
@@ -120,6 +134,42 @@ class StagedCopies:
 
     def write(self) -> None:
         self.plan.write(self.values, self.weights)
+
+
+PLANS = 4
+"""Plans kept for ``copies_by_name``: a receiver gets the same boxes every full version."""
+
+
+def copies_by_name(weights: Mapping[str, torch.Tensor],
+                   items: Sequence[tuple[str, Box, torch.Tensor]]) -> StagedCopies | None:
+    """The box entries of a full version, each (tensor name, box, raw section) written
+    into the tensor of that name, as one ``StagedCopies`` where the kernels run on the one
+    device of every tensor and section; None elsewhere (``copy_`` per entry). The plan
+    is kept per boxes, tensor shapes, device and alignment; per call only the devices
+    and addresses are read. The sections must fit their boxes (``apply.check_fit``)."""
+    if not items:
+        return None
+    targets = [weights[name] for name, _, _ in items]
+    raws = tuple(raw for _, _, raw in items)
+    device = targets[0].device
+    index = -1 if device.index is None else device.index
+    if not fused(device) or {t.get_device() for t in itertools.chain(targets, raws)} != {index}:
+        return None
+    aligned = not any(t.data_ptr() % WORD_BYTES for t in itertools.chain(raws, targets))
+    if not aligned and any(r.data_ptr() % t.element_size() for r, t in zip(raws, targets)):
+        return None
+    plan = _by_name(tuple((name, box, t.shape, t.element_size())
+                          for (name, box, _), t in zip(items, targets)), device, aligned)
+    return None if plan is None else StagedCopies(plan, raws, weights)
+
+
+@functools.lru_cache(maxsize=PLANS)
+def _by_name(boxes: tuple[tuple[str, Box, torch.Size, int], ...], device: torch.device,
+             aligned: bool) -> CopyPlan | None:
+    cuts = [Cut(k, name, Box.whole(box.size), box.size, box, tuple(shape))
+            for k, (name, box, shape, _) in enumerate(boxes)]
+    return CopyPlan.of(cuts, {name: itemsize for name, _, _, itemsize in boxes}, device,
+                       aligned=aligned)
 
 
 def _copy_row(cut: Cut, tensor: int, itemsize: int, *, aligned: bool

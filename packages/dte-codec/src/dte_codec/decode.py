@@ -7,6 +7,7 @@ Everything that can be checked without the receiver's tensors is checked here, s
 from __future__ import annotations
 
 import bisect
+import functools
 import itertools
 
 import attrs
@@ -17,7 +18,8 @@ from .errors import DigestError, EntryError, HeaderError
 from .fields import batched
 from .frame import Frame
 from .flat_decode import SPARSE, decode_indices_flat
-from .header import ALIGNMENT, Entry, Header, IndexEncoding, align, body_digest_of
+from .header import (ALIGNMENT, TABLE_CACHE, Entry, Header, IndexEncoding, Kind, align,
+                     body_digest_of)
 from .indices import decode_indices
 from .region import Box
 from .values import check_escapes
@@ -116,6 +118,8 @@ def _open(data: Frame | bytes | bytearray | memoryview, device: str | torch.devi
 
 
 def _per_entry(header: Header, sections: list[tuple[torch.Tensor, ...]]) -> Payload:
+    if header.kind == Kind.FULL:
+        return _full(header, sections)
     indices, values = [], []
     for entry, entry_sections in zip(header.entries, sections):
         n_index = len(entry.index_sections())
@@ -124,6 +128,32 @@ def _per_entry(header: Header, sections: list[tuple[torch.Tensor, ...]]) -> Payl
         indices.append(_region(entry, index_sections))
         values.append(value_sections)
     return Payload(header=header, indices=tuple(indices), values=tuple(values))
+
+
+def _full(header: Header, sections: list[tuple[torch.Tensor, ...]]) -> Payload:
+    """A full payload: its entries are dense or boxes with RAW values (``Header.validate``),
+    so only the boxes are left to check, read from the body in one host copy (not one
+    per entry), in entry order."""
+    entries = header.entries
+    regions = _dense_regions(entries)
+    if regions is not None:
+        return Payload(header=header, indices=regions, values=tuple(sections))
+    box = [entry.index_encoding == IndexEncoding.BOX for entry in entries]
+    fields = [s[0] for s, is_box in zip(sections, box) if is_box]
+    host = iter(torch.cat(fields).cpu().split([f.numel() for f in fields]))
+    regions = tuple(_region(entry, (next(host),) if is_box else ())
+                    for entry, is_box in zip(entries, box))
+    values = tuple(s[1:] if is_box else s for s, is_box in zip(sections, box))
+    return Payload(header=header, indices=regions, values=values)
+
+
+@functools.lru_cache(maxsize=TABLE_CACHE)
+def _dense_regions(entries: tuple[Entry, ...]) -> tuple[Box, ...] | None:
+    """Each entry's whole-tensor box when every entry is dense (a full version of whole
+    tensors, the same table sync after sync: the same boxes each time); None otherwise."""
+    if not all(entry.index_encoding == IndexEncoding.DENSE for entry in entries):
+        return None
+    return tuple(Box.whole(entry.shape) for entry in entries)
 
 
 def _region(entry: Entry, sections: tuple[torch.Tensor, ...]) -> torch.Tensor | Box:
@@ -149,22 +179,43 @@ def _split(header: Header, segments: tuple[torch.Tensor, ...]
             views.append(body[pos:pos + size])
             pos += -(-size // ALIGNMENT) * ALIGNMENT
     else:
-        bounds = list(itertools.accumulate((s.numel() for s in segments), initial=0))
-        views, pos = [], 0
-        for size in table.sizes:
-            views.append(_section(segments, bounds, pos, size))
-            pos += align(size)
+        # where each section lies depends only on the table and the segments' sizes, the
+        # same for every full version of a stream; a section that is a whole segment (a
+        # dense tensor) is that segment, no view made
+        places = _places(table.sizes, tuple(s.numel() for s in segments))
+        views = [segments[p] if p.__class__ is int else _cut(segments, p) for p in places]
     found = iter(views)
     return [tuple(itertools.islice(found, n)) for n in table.per_entry]
 
 
-def _section(segments: tuple[torch.Tensor, ...], bounds: list[int], start: int, size: int
-             ) -> torch.Tensor:
-    first = bisect.bisect_right(bounds, start) - 1
-    if size == 0 or first == len(segments):
+@functools.lru_cache(maxsize=TABLE_CACHE)
+def _places(sizes: tuple[int, ...], segment_sizes: tuple[int, ...]
+            ) -> tuple[int | tuple[int, int, int, int], ...]:
+    """Per section of ``sizes`` (padded to the alignment, in body order) in a body made
+    of segments of ``segment_sizes``: the index of the segment it is exactly, else
+    (first segment, last segment, start, stop), start and stop counted from the first
+    segment's start."""
+    bounds = list(itertools.accumulate(segment_sizes, initial=0))
+    places, pos = [], 0
+    for size in sizes:
+        first = bisect.bisect_right(bounds, pos) - 1
+        if size == 0 or first == len(segment_sizes):
+            places.append((0, -1, 0, 0))
+        else:
+            last = bisect.bisect_left(bounds, pos + size) - 1
+            start = pos - bounds[first]
+            whole = first == last and start == 0 and size == segment_sizes[first]
+            places.append(first if whole else (first, last, start, start + size))
+        pos += align(size)
+    return tuple(places)
+
+
+def _cut(segments: tuple[torch.Tensor, ...], place: tuple[int, int, int, int]
+         ) -> torch.Tensor:
+    """The bytes ``place`` (``_places``) of ``segments``: an empty section is an empty
+    view of the first segment, one across segments is copied together."""
+    first, last, start, stop = place
+    if last < 0:
         return segments[0][:0] if segments else torch.empty(0, dtype=torch.uint8)
-    if start + size <= bounds[first + 1]:
-        return segments[first][start - bounds[first]:start - bounds[first] + size]
-    last = bisect.bisect_left(bounds, start + size) - 1
-    joined = torch.cat(segments[first:last + 1])
-    return joined[start - bounds[first]:start - bounds[first] + size]
+    joined = segments[first] if first == last else torch.cat(segments[first:last + 1])
+    return joined[start:stop]

@@ -309,7 +309,18 @@ def _new_table(entries: tuple[Entry, ...]) -> EntryTable:
     return EntryTable(entries)
 
 
-_entry_table = functools.lru_cache(maxsize=TABLE_CACHE)(_new_table)
+@functools.lru_cache(maxsize=TABLE_CACHE)
+def _entry_table(entries: tuple[Entry, ...]) -> EntryTable:
+    _built[entries] = entries
+    if len(_built) > TABLE_CACHE:
+        _built.pop(next(iter(_built)))
+    return _new_table(entries)
+
+
+_built: dict[tuple[Entry, ...], tuple[Entry, ...]] = {}
+"""The full tables given to ``_entry_table`` lately. A table read from bytes that equals
+one of them is taken as that one (its ``Entry`` objects): a receiver in the sender's
+process then finds the table cached by identity, not by comparing every entry."""
 
 
 def _pack_entries(entries: tuple[Entry, ...]) -> bytes:
@@ -387,16 +398,17 @@ class _Reader:
         kind = self.enum(Kind, kind, "kind", None)
         self.data = self.data[:length]
         stream = self.text(n_stream, "stream_id")
-        entries = self.entries(n_entries)
+        entries = self.entries(n_entries, kind)
         header = Header(stream_id=stream, kind=kind, base_version=base, payload_version=payload,
                         entries=entries)
         header.validate()
         _check(None, "body_length", header.body_size(), body, header.body_size() == body)
         return header, align(length)
 
-    def entries(self, count: int) -> tuple[Entry, ...]:
-        """The ``count`` entries filling the rest of the header (a table read before is
-        taken from ``_parsed_tables``: one dictionary look-up instead of O(entries) work)."""
+    def entries(self, count: int, kind: Kind) -> tuple[Entry, ...]:
+        """The ``count`` entries filling the rest of a header of ``kind`` (a table read
+        before is taken from ``_parsed_tables``: one dictionary look-up instead of
+        O(entries) work; a full one equal to a table this process built, from ``_built``)."""
         key = (bytes(self.data[self.pos:]), count)
         entries = _parsed_tables.get(key)
         if entries is None:
@@ -405,6 +417,8 @@ class _Reader:
                 entries = tuple(self.entry() for _ in range(count))
                 _check(None, "header_length", self.pos, len(self.data),
                        self.pos == len(self.data))
+            if kind == Kind.FULL:  # a delta's table is new each sync: no hashing it
+                entries = _built.get(entries, entries)
             if len(_parsed_tables) >= TABLE_CACHE:
                 _parsed_tables.pop(next(iter(_parsed_tables)), None)  # oldest first
             _parsed_tables[key] = entries
