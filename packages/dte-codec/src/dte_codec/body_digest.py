@@ -61,15 +61,22 @@ def body_digest(segments: Iterable[torch.Tensor]) -> int:
     synchronization. A word that straddles two segments is put together from their
     bytes; a segment at an address that is not 4-byte aligned is copied once.
     """
+    return int(queued_digest(segments)) & U64
+
+
+def queued_digest(segments: Iterable[torch.Tensor]) -> torch.Tensor:
+    """``body_digest`` as a 0-d int64 tensor where the body lives (its two's complement),
+    queued and not read: no host synchronization, so work that does not depend on it can
+    be queued behind it (a CPU zero for an empty body)."""
     runs = word_runs(segments)
     if not runs:
-        return 0
+        return torch.zeros((), dtype=_INT64)
     device = runs[0].words.device
     if not fused(device):
-        return int(runs_digest_torch(runs)) & U64
+        return runs_digest_torch(runs)
     from .body_digest_kernel import runs_digest_triton  # Triton only where it runs
     with on_device(device):
-        return int(runs_digest_triton(runs)) & U64
+        return runs_digest_triton(runs)
 
 
 def word_runs(segments: Iterable[torch.Tensor]) -> list[Run]:
