@@ -135,7 +135,8 @@ def test_kernel_decoder_compiles_once_whatever_the_number_of_tensors():
     # the count and write passes of _gaps are two variants (WRITE), and so
     # are the gather of the undo log and the scatter of _move (TO_FLAT)
     expected = {decode_kernel._fields: 1, decode_kernel._stream: 1, decode_kernel._gaps: 2,
-                decode_kernel._check: 1, values_kernel._resolve: 1, values_kernel._escaped: 1,
+                decode_kernel._check: 1, decode_kernel._positions: 1,
+                values_kernel._resolve: 1, values_kernel._escaped: 1,
                 scatter_kernel._move: 2}
     for kernel in expected:  # variants other tests compiled
         kernel.device_caches.clear()
@@ -534,3 +535,35 @@ def test_load_uniform_reads_what_load_int_reads(dtype):
                      device=DEVICE), values.numel(), BLOCK=8)
     expected = values.to(torch.int64).tolist() + [0] * 3
     assert [expected, expected] == out.cpu().tolist()
+
+
+@pytest.mark.parametrize("positions", [(0, 2), (1, 1), (1, 0), (-1, 1), (0, 1)],
+                         ids=["past-count", "repeated", "decreasing", "negative", "valid"])
+def test_kernel_decoder_checks_escape_positions_as_the_reference(positions):
+    """The residue escape positions of the second of two entries (int32, ``count`` 2):
+    out of range, repeated, decreasing or negative, the kernel check refuses the payload
+    with the reference's error; valid, both decode the same values."""
+    import struct
+
+    from dte_codec.header import Entry, Header, IndexEncoding, Kind, ValueEncoding, align
+    from dte_codec.errors import CodecError
+    entries = tuple(Entry(name=name, dtype=torch.bfloat16, shape=(10,), count=2,
+                          index_encoding=IndexEncoding.INT32,
+                          value_encoding=ValueEncoding.RESIDUE, value_width=2,
+                          value_escapes=escapes)
+                    for name, escapes in (("a", 1), ("b", 2)))
+    sections = [struct.pack("<ii", 1, 2), b"\x01", struct.pack("<i", 0), bytes(2),
+                struct.pack("<ii", 3, 4), b"", struct.pack("<ii", *positions), bytes(4)]
+    header = Header(stream_id="s", kind=Kind.DELTA, base_version=0, payload_version=1,
+                    entries=entries)
+    data = redigest(header.pack() + b"".join(s.ljust(align(len(s)), b"\0") for s in sections))
+    outcomes = []
+    for decoder, where in ((decode_per_entry, "cpu"), (decode_batched, DEVICE)):
+        try:
+            with kernels():
+                payload = decoder(data, device=where)
+            outcomes.append([[s.tolist() for s in v] for v in payload.values])
+        except CodecError as exc:
+            outcomes.append(f"{type(exc).__name__}: {exc}")
+    assert outcomes[0] == outcomes[1]
+    assert (positions == (0, 1)) == isinstance(outcomes[0], list)

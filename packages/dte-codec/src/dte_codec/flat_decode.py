@@ -9,8 +9,8 @@ the reference (set-bit and escape counts, padding, ranges, strict increase, resi
 escape positions) becomes a count of failures on the device; ``FlatIndices.valid``
 reads them with one host synchronization. When a check fails, the caller decodes entry
 by entry to raise the reference's error. Where the kernels run (``dispatch.fused``) the
-index work is a handful of Triton launches instead (``decode_kernel``), same indices and
-same failure counts. On the host, the header's entry table already holds every field and
+index work and the escape-position check are a handful of Triton launches instead
+(``decode_kernel``), same indices and same failure counts. On the host, the header's entry table already holds every field and
 section offset as numpy columns (``Header.columns``, ``Sections.offsets``); the entry
 tables are array arithmetic from there (``_Layout``), no Python per entry.
 """
@@ -240,6 +240,11 @@ def _escape_failures(layout: _Layout, words: torch.Tensor) -> torch.Tensor:
     if not pick.any():
         return torch.zeros((), dtype=_INT64, device=words.device)
     count = layout.count[pick]
+    if fused(words.device):
+        from .decode_kernel import escape_failures
+        return escape_failures(layout.value_escapes[pick],
+                               words.data_ptr() + layout.positions[pick] // BYTE_BITS,
+                               np.where(count < INDEX32_LIMIT, 4, 8), count, words.device)
     segs = Segments.of(layout.value_escapes[pick].tolist(), words.device)
     table = host_table(np.stack([count, layout.positions[pick],
                                  np.where(count < INDEX32_LIMIT, 32, 64)]), words.device)
