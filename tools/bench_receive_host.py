@@ -42,6 +42,7 @@ from dte_codec.layouts import ModelConfig, canonical_tensors  # noqa: E402
 from dte_codec.megatron_layout import MegatronLayout, megatron_shard  # noqa: E402
 from dte_codec.sglang_layout import SGLangLayout, sglang_shard  # noqa: E402
 from dte_transport import Receiver  # noqa: E402
+from torch.overrides import TorchFunctionMode  # noqa: E402
 from triton.runtime.interpreter import InterpretedFunction  # noqa: E402
 
 SHAPE = dict(vocab=1024, hidden=64, layers=36, heads=8, kv_heads=2, head_dim=8, intermediate=192)
@@ -61,6 +62,7 @@ class KernelClock:
     def __init__(self):
         self.seconds = 0.0
         self.launches: collections.Counter[str] = collections.Counter()
+        self.inside = False
         self._run = InterpretedFunction.run
 
     def __enter__(self) -> KernelClock:
@@ -68,9 +70,11 @@ class KernelClock:
 
         def timed_run(fn, *args, **kwargs):
             start = time.process_time()
+            clock.inside = True
             try:
                 return run(fn, *args, **kwargs)
             finally:
+                clock.inside = False
                 clock.seconds += time.process_time() - start
                 clock.launches[fn.fn.__name__] += 1
 
@@ -79,6 +83,20 @@ class KernelClock:
 
     def __exit__(self, *exc) -> None:
         InterpretedFunction.run = self._run
+
+
+class TorchCalls(TorchFunctionMode):
+    """The torch calls made outside kernel launches: on a GPU each is a launch or a
+    host-side tensor operation, and the count does not depend on the host's load."""
+
+    def __init__(self, clock: KernelClock):
+        super().__init__()
+        self.clock = clock
+        self.count = 0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        self.count += not self.clock.inside
+        return func(*args, **(kwargs or {}))
 
 
 def step(weights: dict[str, torch.Tensor], gen: torch.Generator, per_entry: int
@@ -121,7 +139,7 @@ def main() -> None:
     assert receiver.receive(encode_full(trainer, stream_id="s", version=1)).accepted
     gen = torch.Generator().manual_seed(1)
     frames = []
-    for version in range(2, a.warmup + a.reps + 2):
+    for version in range(2, a.warmup + a.reps + 3):
         changes = step(trainer, gen, a.per_entry)
         frames.append(encode_delta(trainer, changes, stream_id="s", base_version=version - 1,
                                    version=version))
@@ -129,7 +147,7 @@ def main() -> None:
     # a GPU decodes every entry together; CPU tensors would go entry by entry
     sys.modules["dte_codec.decode"].batched = lambda device: True
     with interpreted():
-        for k, frame in enumerate(frames):
+        for k, frame in enumerate(frames[:-1]):
             gc.collect()  # the interpreter's garbage is not the receiver's work
             gc.disable()
             with KernelClock() as clock:
@@ -140,6 +158,8 @@ def main() -> None:
             assert ack.accepted, ack.detail
             if k >= a.warmup:
                 host_ms.append((total - clock.seconds) * 1e3)
+        with KernelClock() as clock, TorchCalls(clock) as calls:  # one more, not timed
+            assert receiver.receive(frames[-1]).accepted
     canonical_now = {n: t.clone() for n, t in canonical.items()}
     for piece in trainer_shard.pieces:  # the trainer's weights in the canonical layout
         target = canonical_now[piece.canonical][piece.region.slices()]
@@ -150,7 +170,8 @@ def main() -> None:
     host_ms.sort()
     print(f"| receive host {a.label} | {len(trainer)} tensors, header {entries} B, "
           f"{a.per_entry} changed per matrix | median {statistics.median(host_ms):.2f} ms "
-          f"(least {host_ms[0]:.2f}) | bitwise {bitwise} | launches per delta "
+          f"(least {host_ms[0]:.2f}) | {calls.count} torch calls | bitwise {bitwise} | "
+          f"launches per delta "
           f"{dict(sorted(clock.launches.items()))} |")
 
 
