@@ -18,7 +18,7 @@ from .body_digest import U64, queued_digest
 from .errors import DigestError, EntryError, HeaderError
 from .fields import batched
 from .frame import Frame
-from .flat_decode import (INDEX_SECTIONS, SPARSE_CODES, VALUE_SECTIONS, FlatIndices,
+from .flat_decode import (INDEX_SECTIONS, IS_SPARSE, VALUE_SECTIONS, FlatIndices,
                           decode_indices_flat)
 from .header import ALIGNMENT, Entry, Header, IndexEncoding, align, body_digest_of
 from .indices import decode_indices
@@ -126,7 +126,7 @@ def decode_batched(data: Frame | bytes | bytearray | memoryview, *,
 def _batched(header: Header, frame: Frame, digest: torch.Tensor) -> Payload:
     columns = header.columns()
     encodings = columns["index_encoding"]
-    if not np.isin(encodings, SPARSE_CODES).any():
+    if not IS_SPARSE[encodings].any():
         _check_digest(frame, digest)
         return _per_entry(header, _split(header, frame.segments))  # no body copy
     body = frame.body()
@@ -150,7 +150,7 @@ def _regions(header: Header, body: torch.Tensor, encodings: np.ndarray
     """Per entry, the box of a dense or box entry (None for sparse entries)."""
     regions: list[Box | None] = [None] * len(header.entries)
     sections = header.sections()
-    for k in np.flatnonzero(~np.isin(encodings, SPARSE_CODES)).tolist():
+    for k in np.flatnonzero(~IS_SPARSE[encodings]).tolist():
         first = int(sections.firsts[k])
         at, size = int(sections.offsets[first]), sections.sizes[first]
         regions[k] = _region(header.entries[k], (body[at:at + size],))

@@ -31,7 +31,10 @@ from .indices import GAP_ESCAPE, MAX_GAP_BYTE
 
 SPARSE = frozenset({IndexEncoding.INT32, IndexEncoding.INT64, IndexEncoding.BITMAP,
                     IndexEncoding.GAP8, IndexEncoding.ELIAS_FANO})
-SPARSE_CODES = np.array([int(e) for e in SPARSE], dtype=np.int64)
+IS_SPARSE = np.zeros(len(IndexEncoding), dtype=bool)
+"""Per index encoding (of a validated header), whether it is in ``SPARSE``: a lookup
+where ``np.isin`` would sort."""
+IS_SPARSE[list(SPARSE)] = True
 _INT64 = torch.int64
 VALUE_SECTIONS = 3
 """The most value sections an entry has: residue fields, escape positions, escaped values."""
@@ -125,7 +128,7 @@ class _Layout:
     def sparse_rows(self) -> tuple[np.ndarray, np.ndarray]:
         """The ``_COLUMNS`` rows of the sparse entries (columns x entries), and their
         element counts."""
-        pick = np.isin(self.encoding, SPARSE_CODES)
+        pick = IS_SPARSE[self.encoding]
         enc, numel, width = self.encoding[pick], self.numel[pick], self.width[pick]
         is_ef = enc == IndexEncoding.ELIAS_FANO
         stride = np.select([enc == code for code in _STRIDES], list(_STRIDES.values()),

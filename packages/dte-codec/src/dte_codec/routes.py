@@ -29,7 +29,7 @@ import torch
 
 from .dispatch import on_device
 from .fields import block_segments, host_table
-from .flat_decode import SPARSE_CODES, VALUE_SECTIONS
+from .flat_decode import IS_SPARSE, VALUE_SECTIONS
 from .geometry import Transfer
 from .flat_values import Residues
 from .header import Entry, ValueEncoding
@@ -211,7 +211,7 @@ class SparseEntries:
     def of_flat(cls, flat: Flat) -> SparseEntries:
         """The sparse entries of a payload decoded in one body (``decode.Flat``)."""
         columns = flat.header.columns()
-        picked = np.flatnonzero(np.isin(columns["index_encoding"], SPARSE_CODES))
+        picked = np.flatnonzero(IS_SPARSE[columns["index_encoding"]])
         counts = columns["count"][picked]
         indices = flat.indices.flat
         value_at, fields_bytes = flat.value_sections()
@@ -260,7 +260,8 @@ def stage_routed(routes: Routes, weights: Mapping[str, torch.Tensor],
     encodings = sparse.columns["value_encoding"]
     if (not sparse.entries or sparse.device != device
             or not routes.covers([e.name for e in sparse.entries])
-            or not np.isin(encodings, (ValueEncoding.RAW, ValueEncoding.RESIDUE)).all()):
+            or not ((encodings == ValueEncoding.RAW)
+                    | (encodings == ValueEncoding.RESIDUE)).all()):
         return None
     moves = _Moves.of(routes, weights, sparse)
     flags = torch.zeros(_FLAGS, dtype=torch.int64, device=device)
