@@ -18,6 +18,7 @@ from plan_strategies import BACK, PINNED, cases, shards
 from areal_dte.shard_stage import ShardStage
 from bitwise import first_difference
 from dte_codec import box_copy, decode, encode_delta, encode_full
+from dte_codec.decode import Flat, decode_batched
 from dte_codec.box_copy import StagedCopies
 from dte_codec.geometry import Piece, Shard, TensorSpec, materialize
 from dte_codec.layouts import hf_shard
@@ -85,6 +86,56 @@ def test_routed_delta_equals_the_reference(config, layout, kind, rate, narrow, m
             assert [StagedRoutes] == [type(s) for s in staged if not hasattr(s, "where")]
             assert routed.receive(data).accepted
         assert first_difference(reference.weights, _cpu(routed.weights)) is None
+
+
+def test_delta_decoded_in_one_body_is_routed_from_it(monkeypatch):
+    """A delta decoded in one body (``decode_batched``: ``Payload.flat``) is routed from
+    the body itself: one routed write, no per-entry value section ever made, and the rank
+    ends bit for bit as the reference's."""
+    config, layout, kind = CASES[3]
+    source = _source(config, kind)
+    old = _canonical(config, 0)
+    data = _delta(config, source, old, _step(old, 1, 0.02))
+    reference, routed = _pair(source, sglang_shard(config, layout, rank=1), old)
+    assert reference.receive(data).accepted
+
+    def made(self):
+        raise AssertionError("per-entry value sections made")
+
+    monkeypatch.setattr(Flat, "entry_values", made)
+    with kernels():
+        payload = decode_batched(data, device=DEVICE)
+        prepared = routed.stage(routed.weights, payload)
+        assert [StagedRoutes] == [type(s) for s in prepared.entries]
+        prepared.write()
+    assert first_difference(reference.weights, _cpu(routed.weights)) is None
+
+
+def test_routes_write_a_replaced_local_tensor_at_its_new_address():
+    """A local tensor replaced between two deltas (another tensor under its name) gets
+    the second delta's values, bit for bit as the reference, and the one it replaced
+    none: the routes' table of local addresses is keyed by the addresses."""
+    config, layout, kind = CASES[0]
+    source = _source(config, kind)
+    versions = [_canonical(config, 0)]
+    versions += [_step(versions[-1], seed, 0.1) for seed in (1, 2)]
+    before, after = (materialize(source, v) for v in versions[1:])
+    second = encode_delta(after, {n: diff(before[n], after[n]) for n in after},
+                          stream_id="s", base_version=2, version=3)
+    reference, routed = _pair(source, sglang_shard(config, layout, rank=0), versions[0])
+    first = _delta(config, source, versions[0], versions[1])
+    name = max(routed.weights, key=lambda n: routed.weights[n].numel())
+    with kernels():
+        assert routed.receive(first).accepted
+        stale = routed.weights[name]
+        routed.weights[name] = stale.clone()
+        kept = stale.clone()
+        assert routed.receive(second).accepted
+    for data in (first, second):
+        assert reference.receive(data).accepted
+    assert first_difference(reference.weights, _cpu(routed.weights)) is None
+    assert torch.equal(kept.view(torch.int16), stale.view(torch.int16))
+    assert not torch.equal(kept.view(torch.int16), routed.weights[name].view(torch.int16))
 
 
 def test_routed_write_failure_restores_the_rank(monkeypatch):

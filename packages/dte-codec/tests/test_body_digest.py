@@ -10,7 +10,7 @@ import os
 import hypothesis.strategies as st
 import pytest
 import torch
-from dte_codec.body_digest import as_words, body_digest, words_digest_torch
+from dte_codec.body_digest import BodyRuns, as_words, body_digest, words_digest_torch
 from dte_codec.dispatch import interpreted
 from hypothesis import given, settings
 
@@ -182,3 +182,18 @@ def test_kernel_over_runs_of_several_programs():
             digests.append(body_digest([whole[:CHUNK * 4 + 1], whole[CHUNK * 4 + 1:]]))
         assert _reference(payload) == digests[-1]
     assert digests[0] != digests[1]
+
+
+def test_kept_runs_of_a_body_of_views_hash_its_bytes_at_each_digest():
+    """A body of several whole-word views is laid out once and kept for the next body at
+    the same places; the kept runs read the bytes as they are at each digest (an in-place
+    change is seen), and a body cut elsewhere is laid out anew."""
+    data = torch.arange(96, dtype=torch.uint8)
+    segments = (data[:20], data[20:48], data[48:])
+    assert BodyRuns.of(segments) is BodyRuns.of((data[:20], data[20:48], data[48:]))
+    before = body_digest(segments)
+    data[30] ^= 1
+    assert before != body_digest(segments) == body_digest((data.clone(),))
+    other = (data[:48], data[48:])
+    assert BodyRuns.of(other) is not BodyRuns.of(segments)
+    assert body_digest(other) == body_digest((data.clone(),))

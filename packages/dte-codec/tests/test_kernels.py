@@ -135,7 +135,8 @@ def test_kernel_decoder_compiles_once_whatever_the_number_of_tensors():
     # the count and write passes of _gaps are two variants (WRITE), and so
     # are the gather of the undo log and the scatter of _move (TO_FLAT)
     expected = {decode_kernel._fields: 1, decode_kernel._stream: 1, decode_kernel._gaps: 2,
-                decode_kernel._check: 1, values_kernel._resolve: 1, values_kernel._escaped: 1,
+                decode_kernel._check: 1, decode_kernel._positions: 1,
+                values_kernel._resolve: 1, values_kernel._escaped: 1,
                 scatter_kernel._move: 2}
     for kernel in expected:  # variants other tests compiled
         kernel.device_caches.clear()
@@ -236,8 +237,8 @@ def test_kernel_apply_restores_every_tensor_when_the_write_fails(monkeypatch):
 
 def test_kernel_paths_read_the_device_a_fixed_number_of_times():
     """Encode reads the device twice (the statistics: ``cpu`` then ``numpy``; the body
-    digest: ``__int__``), decode twice (the body digest, the failed-check count), apply
-    once (the residue check)."""
+    digest: ``__int__``), decode once (the body digest and the failed-check count
+    together: ``tolist``), apply once (the residue check)."""
     data, receiver = _payload_and_base()
     new = {"w": torch.randn(4000).bfloat16().to(DEVICE)}
     at = torch.arange(0, 4000, 9, device=DEVICE)
@@ -249,7 +250,7 @@ def test_kernel_paths_read_the_device_a_fixed_number_of_times():
         payload = decode_batched(data, device=DEVICE)
         with HostReads() as reads:
             decode_batched(data, device=DEVICE)
-        assert ["__int__", "__int__"] == reads.calls
+        assert ["tolist"] == reads.calls
         with HostReads() as reads:
             apply_(receiver, payload)
     assert ["__int__"] == reads.calls
@@ -328,7 +329,7 @@ def _assert_flat_decodes(specs) -> None:
     from dte_codec.flat_decode import decode_indices_flat
     frame, header = _forced(specs)
     with kernels():
-        flat = decode_indices_flat(header.entries, frame.body().to(DEVICE))
+        flat = decode_indices_flat(header, frame.body().to(DEVICE))
     assert flat.valid()
     expected = [at.tolist() for _, at, _, _ in specs]
     assert expected == [i.tolist() for i in flat.indices]
@@ -558,3 +559,35 @@ def test_store_uniform_writes_what_store_int_writes(dtype):
                       torch.tensor([first.element_size()], device=DEVICE), 5, BLOCK=8)
     low = values[:5].numpy().astype(torch.empty(0, dtype=dtype).numpy().dtype).tolist()
     assert low + [5, 5, 5] == first.cpu().tolist() == second.cpu().tolist()
+
+
+@pytest.mark.parametrize("positions", [(0, 2), (1, 1), (1, 0), (-1, 1), (0, 1)],
+                         ids=["past-count", "repeated", "decreasing", "negative", "valid"])
+def test_kernel_decoder_checks_escape_positions_as_the_reference(positions):
+    """The residue escape positions of the second of two entries (int32, ``count`` 2):
+    out of range, repeated, decreasing or negative, the kernel check refuses the payload
+    with the reference's error; valid, both decode the same values."""
+    import struct
+
+    from dte_codec.header import Entry, Header, IndexEncoding, Kind, ValueEncoding, align
+    from dte_codec.errors import CodecError
+    entries = tuple(Entry(name=name, dtype=torch.bfloat16, shape=(10,), count=2,
+                          index_encoding=IndexEncoding.INT32,
+                          value_encoding=ValueEncoding.RESIDUE, value_width=2,
+                          value_escapes=escapes)
+                    for name, escapes in (("a", 1), ("b", 2)))
+    sections = [struct.pack("<ii", 1, 2), b"\x01", struct.pack("<i", 0), bytes(2),
+                struct.pack("<ii", 3, 4), b"", struct.pack("<ii", *positions), bytes(4)]
+    header = Header(stream_id="s", kind=Kind.DELTA, base_version=0, payload_version=1,
+                    entries=entries)
+    data = redigest(header.pack() + b"".join(s.ljust(align(len(s)), b"\0") for s in sections))
+    outcomes = []
+    for decoder, where in ((decode_per_entry, "cpu"), (decode_batched, DEVICE)):
+        try:
+            with kernels():
+                payload = decoder(data, device=where)
+            outcomes.append([[s.tolist() for s in v] for v in payload.values])
+        except CodecError as exc:
+            outcomes.append(f"{type(exc).__name__}: {exc}")
+    assert outcomes[0] == outcomes[1]
+    assert (positions == (0, 1)) == isinstance(outcomes[0], list)

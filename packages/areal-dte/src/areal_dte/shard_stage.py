@@ -46,7 +46,7 @@ from dte_codec.geometry import Piece, Shard, Transfer, plan
 from dte_codec.header import Entry, ValueEncoding
 from dte_codec.region import Box
 from dte_codec.remap import Remapped
-from dte_codec.routes import Routes, StagedRoutes, stage_routed
+from dte_codec.routes import Routes, SparseEntries, StagedRoutes, stage_routed
 from dte_codec.values import decode_values
 
 _PLANS = 4
@@ -122,9 +122,14 @@ class ShardStage:
             copied = self._copied(weights, payload)
             if copied is not None:
                 return Prepared((copied,), True)
+        routed = self._routed(weights, payload) if kind == Kind.DELTA else None
+        if routed is not None and routed.new_at.size == len(payload.header.entries):
+            return Prepared((routed,), False)  # read from the body: no per-entry tensors
         entries = list(zip(payload.header.entries, payload.indices, payload.values))
         sparse = [k for k, (_, where, _) in enumerate(entries) if not isinstance(where, Box)]
-        resolved = dict(zip(sparse, self._sparse(weights, [entries[k] for k in sparse])))
+        resolved = ({k: [routed] if n == 0 else [] for n, k in enumerate(sparse)}
+                    if routed is not None else
+                    dict(zip(sparse, self._sparse(weights, [entries[k] for k in sparse]))))
         staged: list[Staged | StagedRoutes] = []
         for k, (entry, where, sections) in enumerate(entries):
             if k in resolved:
@@ -148,14 +153,10 @@ class ShardStage:
 
     def _sparse(self, weights: Mapping[str, torch.Tensor],
                 entries: list[tuple[Entry, torch.Tensor, tuple[torch.Tensor, ...]]]
-                ) -> list[list[Staged | StagedRoutes]]:
-        """Every sparse entry staged: where the kernels run, all of them routed at once
-        (``dte_codec.routes``, given as the first entry's writes); otherwise, or where
-        the routes give way, remapped in one ``remap_all`` with their values resolved
-        (residues of all entries on a GPU together), as writes into the local tensors."""
-        routed = self._routed(weights, entries)
-        if routed is not None:
-            return [[routed]] + [[] for _ in entries[1:]]
+                ) -> list[list[Staged]]:
+        """Every sparse entry staged by the reference: remapped in one ``remap_all`` with
+        their values resolved (residues of all entries on a GPU together), as writes
+        into the local tensors."""
         items = [RemapItem(self.transfers[entry.name], entry.shape,
                            self._on_rank(weights, entry.name, indices), tensor=entry.name)
                  for entry, indices, _ in entries]
@@ -167,21 +168,32 @@ class ShardStage:
                  for name, r in where.items()]
                 for where, new in zip(routed, values)]
 
-    def _routed(self, weights: Mapping[str, torch.Tensor],
-                entries: list[tuple[Entry, torch.Tensor, tuple[torch.Tensor, ...]]]
+    def _routed(self, weights: Mapping[str, torch.Tensor], payload: Payload
                 ) -> StagedRoutes | None:
+        """Every sparse entry of a delta routed at once where the kernels run
+        (``dte_codec.routes``); None where they do not, or give way to the reference.
+        A payload decoded in one body on the weights' device is read from it
+        (``Payload.flat``), with no per-entry tensors."""
         device = next(iter(weights.values())).device if weights else None
-        if device is None or not entries or not fused(device) or any(
+        if device is None or not fused(device) or any(
                 t.device != device for t in weights.values()):
+            return None
+        flat = payload.flat
+        if flat is not None and flat.body.device == device:
+            sparse = SparseEntries.of_flat(flat)
+        else:
+            sparse = SparseEntries.of_tensors(
+                [(entry, where, sections) for entry, where, sections in
+                 zip(payload.header.entries, payload.indices, payload.values)
+                 if not isinstance(where, Box)], device)
+        if sparse is None or not sparse.entries:
             return None
         routes = self._routes.get(device)
         if routes is None:
             routes = self._routes[device] = Routes.of(
                 self.transfers, {n: tuple(t.shape) for n, t in self.canonical.items()},
                 {n: t.dtype for n, t in self.canonical.items()}, weights, device)
-        moved = [(entry, indices.to(device), tuple(s.to(device) for s in sections))
-                 for entry, indices, sections in entries]
-        return stage_routed(routes, weights, moved)
+        return stage_routed(routes, weights, sparse)
 
     def _on_rank(self, weights: Mapping[str, torch.Tensor], name: str,
                  indices: torch.Tensor) -> torch.Tensor:

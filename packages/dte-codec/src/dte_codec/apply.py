@@ -20,7 +20,7 @@ receiver's tensors) apply as one transaction with ``apply_all``.
 from __future__ import annotations
 
 import itertools
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Callable, Mapping, MutableMapping, Sequence
 from typing import TYPE_CHECKING
 
@@ -281,13 +281,22 @@ def check_fit(weights: Mapping[str, torch.Tensor], payloads: Sequence[Payload], 
 
 def _fit(weights: Mapping[str, torch.Tensor], payloads: Sequence[Payload]
          ) -> tuple[Kind, dict[str, list[torch.Tensor | Box]]]:
-    """One stream, kind and version; every entry's target fits; the regions by tensor."""
+    """One stream, kind and version; every entry's target fits; the regions by tensor (of
+    a delta only those of tensors that several entries reach: a tensor's one entry
+    overlaps nothing, and a delta covers nothing in particular)."""
     kind = _check_same_version(payloads)
+    for payload in payloads:
+        for entry in payload.header.entries:
+            _check_target(weights, entry)
+    shared = {name for name, n in Counter(entry.name for payload in payloads
+                                          for entry in payload.header.entries).items() if n > 1}
     regions: dict[str, list[torch.Tensor | Box]] = defaultdict(list)
     for payload in payloads:
+        if kind == Kind.DELTA and shared.isdisjoint(e.name for e in payload.header.entries):
+            continue  # its indices are not read (a batched decode makes them on demand)
         for entry, where in zip(payload.header.entries, payload.indices):
-            _check_target(weights, entry)
-            regions[entry.name].append(where)
+            if kind == Kind.FULL or entry.name in shared:
+                regions[entry.name].append(where)
     return kind, regions
 
 

@@ -65,13 +65,24 @@ def body_digest(segments: Iterable[torch.Tensor]) -> int:
     synchronization. A word that straddles two segments is put together from their
     bytes; a segment at an address that is not 4-byte aligned is copied once.
     """
-    return BodyRuns(segments).digest()
+    return int(queued_digest(segments)) & U64
+
+
+def queued_digest(segments: Iterable[torch.Tensor]) -> torch.Tensor:
+    """``body_digest`` as a 0-d int64 tensor where the body lives (its two's complement),
+    queued and not read: no host synchronization, so work that does not depend on it can
+    be queued behind it (a CPU zero for an empty body)."""
+    return BodyRuns.of(tuple(segments)).queued()
 
 
 class BodyRuns:
     """A body's word runs, ready to be hashed, again and again when they are views: a
     frame whose segments stay the same tensors (a full payload's views of the weights)
     is hashed on every sync from the same table, on a GPU already on the device."""
+
+    _last: tuple[tuple, BodyRuns] | None = None
+    """The runs of the last body of several segments, all views, with its segments' places:
+    a receiver handed the same full frame's segments every sync lays them out once."""
 
     def __init__(self, segments: Iterable[torch.Tensor]):
         self.runs = word_runs(segments)
@@ -80,18 +91,38 @@ class BodyRuns:
         self._table = None
         """The kernel's run table (``body_digest_kernel.RunTable``), made on first use."""
 
+    @classmethod
+    def of(cls, segments: tuple[torch.Tensor, ...]) -> BodyRuns:
+        """The runs of ``segments``, the kept ones when the last body of several segments
+        sat at the same places (its views hold their memory, so the same places are the
+        same memory; a delta's single segment is not kept: it is new every sync)."""
+        if len(segments) < 2:
+            return cls(segments)
+        places = tuple((s.data_ptr(), s.numel(), s.device) for s in segments)
+        last = cls._last
+        if last is not None and last[0] == places:
+            return last[1]
+        runs = cls(segments)
+        if runs.views:
+            cls._last = (places, runs)
+        return runs
+
     def digest(self) -> int:
         """The digest of the runs' bytes now (one host synchronization)."""
+        return int(self.queued()) & U64
+
+    def queued(self) -> torch.Tensor:
+        """The digest of the runs' bytes as a 0-d int64 tensor, queued, not read."""
         if not self.runs:
-            return 0
+            return torch.zeros((), dtype=_INT64)
         device = self.runs[0].words.device
         if not fused(device):
-            return int(runs_digest_torch(self.runs)) & U64
+            return runs_digest_torch(self.runs)
         if self._table is None:
             from .body_digest_kernel import RunTable  # Triton only where it runs
             self._table = RunTable(self.runs)
         with on_device(device):
-            return int(self._table.digest()) & U64
+            return self._table.digest()
 
 
 def word_runs(segments: Iterable[torch.Tensor]) -> list[Run]:

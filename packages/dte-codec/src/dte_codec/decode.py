@@ -11,13 +11,15 @@ import functools
 import itertools
 
 import attrs
+import numpy as np
 import torch
 
-from .body_digest import body_digest
+from .body_digest import U64, queued_digest
 from .errors import DigestError, EntryError, HeaderError
 from .fields import batched
 from .frame import Frame
-from .flat_decode import SPARSE, decode_indices_flat
+from .flat_decode import (INDEX_SECTIONS, IS_SPARSE, VALUE_SECTIONS, FlatIndices,
+                          decode_indices_flat)
 from .header import (ALIGNMENT, TABLE_CACHE, Entry, Header, IndexEncoding, Kind, align,
                      body_digest_of)
 from .indices import decode_indices
@@ -25,21 +27,73 @@ from .region import Box
 from .values import check_escapes
 
 
-@attrs.frozen
+@attrs.frozen(kw_only=True)
 class Payload:
-    """A decoded payload: its header and, per entry, validated indices and value sections."""
+    """A decoded payload: its header and, per entry, validated indices and value sections.
+
+    Built with ``indices`` and ``values`` (entry by entry), or with ``flat`` (the batched
+    decoder), from which ``indices`` and ``values`` are made when first read.
+    """
 
     header: Header
-    indices: tuple[torch.Tensor | Box, ...]
-    """Per entry, int64 flat indices (sparse entries) or the box it covers (dense and box
-    entries; a dense entry covers its whole tensor)."""
-    values: tuple[tuple[torch.Tensor, ...], ...]
-    """Per entry, the value sections as uint8 tensors (see ``FORMAT.md``)."""
+    _indices: tuple[torch.Tensor | Box, ...] = ()
+    _values: tuple[tuple[torch.Tensor, ...], ...] = ()
+    flat: Flat | None = None
+    """The body in one piece and every sparse entry's indices back to back, where the
+    batched decoder made them: what the kernels read, with no per-entry tensors."""
+
+    @functools.cached_property
+    def indices(self) -> tuple[torch.Tensor | Box, ...]:
+        """Per entry, int64 flat indices (sparse entries) or the box it covers (dense and
+        box entries; a dense entry covers its whole tensor)."""
+        return self._indices if self.flat is None else self.flat.entry_indices()
+
+    @functools.cached_property
+    def values(self) -> tuple[tuple[torch.Tensor, ...], ...]:
+        """Per entry, the value sections as uint8 tensors (see ``FORMAT.md``)."""
+        return self._values if self.flat is None else self.flat.entry_values()
 
     @property
     def nbytes(self) -> int:
         """Size of the body in bytes (the header is not counted)."""
         return self.header.body_size()
+
+
+@attrs.frozen
+class Flat:
+    """A payload held as one body: where each section lies in it (``header.sections()``),
+    and the indices of the sparse entries back to back."""
+
+    header: Header
+    body: torch.Tensor
+    """The body, uint8, word aligned."""
+    indices: FlatIndices
+    regions: tuple[Box | None, ...]
+    """Per entry, the box of a dense or box entry; None for a sparse entry."""
+
+    def value_sections(self) -> tuple[np.ndarray, np.ndarray]:
+        """Per entry, the body offsets of its value sections as three rows (raw values or
+        residue fields, residue escape positions, escaped values; a row past an entry's
+        last value section repeats that section's offset), and the size of its first."""
+        sections = self.header.sections()
+        firsts = sections.firsts
+        last = np.append(firsts[1:], sections.offsets.size) - 1
+        first_value = firsts + INDEX_SECTIONS[self.header.columns()["index_encoding"]]
+        return (np.stack([sections.offsets[np.minimum(first_value + k, last)]
+                          for k in range(VALUE_SECTIONS)]),
+                sections.size_array[first_value])
+
+    def entry_indices(self) -> tuple[torch.Tensor | Box, ...]:
+        found = iter(self.indices.indices)
+        return tuple(next(found) if region is None else region for region in self.regions)
+
+    def entry_values(self) -> tuple[tuple[torch.Tensor, ...], ...]:
+        sections = self.header.sections()
+        views = [self.body[at:at + size]
+                 for at, size in zip(sections.offsets.tolist(), sections.sizes)]
+        index_sections = INDEX_SECTIONS[self.header.columns()["index_encoding"]].tolist()
+        return tuple(tuple(views[first + n:first + count]) for first, n, count in
+                     zip(sections.firsts.tolist(), index_sections, sections.per_entry))
 
 
 def decode(data: Frame | bytes | bytearray | memoryview, *,
@@ -56,50 +110,67 @@ def decode(data: Frame | bytes | bytearray | memoryview, *,
         DigestError: the header or the body does not match its digest.
         EntryError: invalid indices or escape positions inside an entry.
     """
-    header, frame = _open(data, device)
-    sections = _split(header, frame.segments)
+    header, frame, digest = _open(data, device)
     if not batched(frame.device):
-        return _per_entry(header, sections)
-    return _batched(header, frame, sections)
+        _check_digest(frame, digest)
+        return _per_entry(header, _split(header, frame.segments))
+    return _batched(header, frame, digest)
 
 
 def decode_batched(data: Frame | bytes | bytearray | memoryview, *,
                    device: str | torch.device | None = None) -> Payload:
     """``decode`` with every sparse entry's indices found together (``flat_decode``), on
     any device: a fixed number of device passes and one host synchronization."""
-    header, frame = _open(data, device)
-    return _batched(header, frame, _split(header, frame.segments))
+    return _batched(*_open(data, device))
 
 
-def _batched(header: Header, frame: Frame, sections: list[tuple[torch.Tensor, ...]]
-             ) -> Payload:
-    if not any(entry.index_encoding in SPARSE for entry in header.entries):
-        return _per_entry(header, sections)  # nothing to decode, no body copy
-    flat = decode_indices_flat(header.entries, frame.body())
-    try:
-        regions = [None if entry.index_encoding in SPARSE else _region(entry, entry_sections)
-                   for entry, entry_sections in zip(header.entries, sections)]
-    except EntryError:
-        regions = None
-    if regions is None or not flat.valid():  # the one host synchronization
-        return _per_entry(header, sections)  # raises the first failed check, in order
-    found = iter(flat.indices)
-    indices = [next(found) if region is None else region for region in regions]
-    values = [s[len(e.index_sections()):] for e, s in zip(header.entries, sections)]
-    return Payload(header=header, indices=tuple(indices), values=tuple(values))
+def _batched(header: Header, frame: Frame, digest: torch.Tensor) -> Payload:
+    columns = header.columns()
+    encodings = columns["index_encoding"]
+    if not IS_SPARSE[encodings].any():
+        _check_digest(frame, digest)
+        return _per_entry(header, _split(header, frame.segments))  # no body copy
+    body = frame.body()
+    # queued behind the digest: the checks of both are read together, and nothing is
+    # written anywhere before the digest has matched
+    flat = decode_indices_flat(header, body)
+    failed = _check_digest(frame, digest, flat.failures)
+    regions = None
+    if not failed:
+        try:
+            regions = _regions(header, body, encodings)
+        except EntryError:
+            pass
+    if regions is None:
+        return _per_entry(header, _split(header, frame.segments))  # raises the first failed check, in order
+    return Payload(header=header, flat=Flat(header, body, flat, regions))
+
+
+def _regions(header: Header, body: torch.Tensor, encodings: np.ndarray
+             ) -> tuple[Box | None, ...]:
+    """Per entry, the box of a dense or box entry (None for sparse entries)."""
+    regions: list[Box | None] = [None] * len(header.entries)
+    sections = header.sections()
+    for k in np.flatnonzero(~IS_SPARSE[encodings]).tolist():
+        first = int(sections.firsts[k])
+        at, size = int(sections.offsets[first]), sections.sizes[first]
+        regions[k] = _region(header.entries[k], (body[at:at + size],))
+    return tuple(regions)
 
 
 def decode_per_entry(data: Frame | bytes | bytearray | memoryview, *,
                      device: str | torch.device | None = None) -> Payload:
     """``decode`` entry by entry: the reference the batched decoder matches, and the path
     that raises the first failed check in ``FORMAT.md``'s order."""
-    header, frame = _open(data, device)
+    header, frame, digest = _open(data, device)
+    _check_digest(frame, digest)
     return _per_entry(header, _split(header, frame.segments))
 
 
 def _open(data: Frame | bytes | bytearray | memoryview, device: str | torch.device | None
-          ) -> tuple[Header, Frame]:
-    """The validated header and the frame on ``device``, its body digest checked."""
+          ) -> tuple[Header, Frame, torch.Tensor]:
+    """The validated header, the frame on ``device`` and its body digest, queued (see
+    ``_check_digest``)."""
     frame = data if isinstance(data, Frame) else Frame.from_bytes(data)
     segments = frame.segments
     # CUDA devices compared by index: no torch.device built per segment of a full frame
@@ -111,10 +182,22 @@ def _open(data: Frame | bytes | bytearray | memoryview, device: str | torch.devi
     if device is not None and frame.device != torch.device(device):  # one device, checked
         frame = frame.to(device)
     header = Header.unpack_head(memoryview(frame.header), frame.body_size)
-    stored, computed = body_digest_of(frame.header), body_digest(frame.segments)
+    return header, frame, queued_digest(frame.segments)
+
+
+def _check_digest(frame: Frame, digest: torch.Tensor, failures: torch.Tensor | None = None
+                  ) -> bool:
+    """Raise ``DigestError`` if the body does not match the digest its header carries;
+    else whether ``failures`` (a count of failed checks queued behind the digest) is
+    nonzero. One host synchronization reads both."""
+    if failures is None:
+        computed = int(digest)
+    else:
+        computed, failed = torch.stack([digest.to(failures.device), failures]).tolist()
+    stored, computed = body_digest_of(frame.header), computed & U64
     if stored != computed:
         raise DigestError("body_digest", expected=f"{stored:#018x}", got=f"{computed:#018x}")
-    return header, frame
+    return failures is not None and failed != 0
 
 
 def _per_entry(header: Header, sections: list[tuple[torch.Tensor, ...]]) -> Payload:

@@ -17,6 +17,8 @@ at an entry's first block is the entry's own base.
 * ``_gaps`` (only with GAP8 entries), twice: the per-block sums of the gaps (an escaped
   gap is read at its rank among the escape bytes), then each index as the prefix sum.
 * ``_check``: indices inside ``[0, numel)`` and strictly increasing.
+* ``_positions`` (only with residue escapes): the escape positions of every residue
+  entry inside ``[0, count)`` and strictly increasing.
 
 Every failed check is a count on the device; the caller reads their sum once. Nothing
 about a payload but the presence of an encoding selects a compiled variant: entry counts
@@ -33,8 +35,8 @@ import triton.language as tl
 from .dispatch import on_device
 from .fields import block_segments, host_table
 from .header import IndexEncoding
-from .kernel_bits import (bit_length, column, flags_before, get_fields, owned_block,
-                          shift_right, width_mask)
+from .kernel_bits import (bit_length, column, flags_before, get_fields, load_int,
+                          owned_block, shift_right, width_mask)
 
 BLOCK = 512
 """Elements (or stream words) per program: at 1,024 (8 per thread) ``_fields`` held 156
@@ -268,6 +270,43 @@ def _check(table, block_seg, segments, out, failures, BLOCK: tl.constexpr):
     bad = valid & ((index < 0) | (index >= column(table, _NUMEL, segments, seg))
                    | (index <= previous))
     tl.store(failures + block, tl.sum(bad.to(tl.int64)))
+
+
+# columns of the residue escape-position table (host-only: the blocks)
+_P_ESCAPES = tl.constexpr(1)
+_P_AT = tl.constexpr(2)
+_P_SIZE = tl.constexpr(3)
+_P_COUNT = tl.constexpr(4)
+_P_BLOCKS = 5
+
+
+@triton.jit(do_not_specialize=["segments"])
+def _positions(table, block_seg, segments, failures, BLOCK: tl.constexpr):
+    """Residue escape positions outside ``[0, count)`` or not strictly increasing."""
+    block, seg, rank = _entry_block(table, block_seg, segments, BLOCK)
+    valid = rank < column(table, _P_ESCAPES, segments, seg)
+    at = column(table, _P_AT, segments, seg)
+    size = column(table, _P_SIZE, segments, seg)
+    position = load_int(at, rank, size, valid)
+    previous = load_int(at, rank - 1, size, valid & (rank > 0))
+    bad = valid & ((position < 0) | (position >= column(table, _P_COUNT, segments, seg))
+                   | ((rank > 0) & (position <= previous)))
+    tl.store(failures + block, tl.sum(bad.to(tl.int64)))
+
+
+def escape_failures(escapes: np.ndarray, at: np.ndarray, sizes: np.ndarray,
+                    counts: np.ndarray, device: torch.device) -> torch.Tensor:
+    """The count of residue escape positions out of ``[0, count)`` or not increasing, per
+    entry ``escapes`` positions of ``sizes`` bytes at address ``at``: one launch."""
+    with on_device(device):
+        blocks = -(-escapes // BLOCK)
+        table = host_table(np.stack([_starts(blocks), escapes, at, sizes, counts, blocks]),
+                           device)
+        total = int(blocks.sum())
+        failures = _rows(1, total, device)[0]
+        _positions[(total,)](table, block_segments(table[_P_BLOCKS], total), escapes.size,
+                             failures, BLOCK=BLOCK)
+        return failures.sum()
 
 
 def decode(rows: np.ndarray, counts: np.ndarray, words: torch.Tensor

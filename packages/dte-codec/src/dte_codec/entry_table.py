@@ -36,6 +36,24 @@ class Sections:
     body_size: int
     """Bytes of all sections, each padded to the alignment."""
 
+    @functools.cached_property
+    def size_array(self) -> np.ndarray:
+        """``sizes`` as int64 (read only once the header's body length has matched a real
+        body, which bounds them)."""
+        return np.array(self.sizes, dtype=np.int64)
+
+    @functools.cached_property
+    def offsets(self) -> np.ndarray:
+        """Each section's byte offset in the body (int64, as ``size_array``)."""
+        padded = -(-self.size_array // ALIGNMENT) * ALIGNMENT
+        return np.cumsum(padded) - padded
+
+    @functools.cached_property
+    def firsts(self) -> np.ndarray:
+        """Each entry's first section, as a position in ``sizes``."""
+        per_entry = np.array(self.per_entry, dtype=np.int64)
+        return np.cumsum(per_entry) - per_entry
+
 
 class EntryTable:
     """The entries' fields as int64 columns (``None`` columns: a field beyond int64 or

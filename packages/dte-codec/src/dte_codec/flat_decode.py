@@ -9,17 +9,15 @@ the reference (set-bit and escape counts, padding, ranges, strict increase, resi
 escape positions) becomes a count of failures on the device; ``FlatIndices.valid``
 reads them with one host synchronization. When a check fails, the caller decodes entry
 by entry to raise the reference's error. Where the kernels run (``dispatch.fused``) the
-index work is a handful of Triton launches instead (``decode_kernel``), same indices and
-same failure counts. On the host, one pass of Python reads each entry's header fields
-into numpy columns (``_Layout``); section offsets and the entry tables are array
-arithmetic from there.
+index work and the escape-position check are a handful of Triton launches instead
+(``decode_kernel``), same indices and same failure counts. On the host, the header's entry table already holds every field and
+section offset as numpy columns (``Header.columns``, ``Sections.offsets``); the entry
+tables are array arithmetic from there (``_Layout``), no Python per entry.
 """
 
 from __future__ import annotations
 
 import functools
-import itertools
-from collections.abc import Sequence
 
 import attrs
 import numpy as np
@@ -28,37 +26,51 @@ import torch
 from .bits import BYTE_BITS
 from .dispatch import fused
 from .fields import Segments, host_table, read_fields
-from .header import ALIGNMENT, INDEX32_LIMIT, Entry, IndexEncoding, ValueEncoding
+from .header import INDEX32_LIMIT, Header, IndexEncoding, ValueEncoding
 from .indices import GAP_ESCAPE, MAX_GAP_BYTE
 
 SPARSE = frozenset({IndexEncoding.INT32, IndexEncoding.INT64, IndexEncoding.BITMAP,
                     IndexEncoding.GAP8, IndexEncoding.ELIAS_FANO})
-_SPARSE_CODES = np.array([int(e) for e in SPARSE], dtype=np.int64)
+IS_SPARSE = np.zeros(len(IndexEncoding), dtype=bool)
+"""Per index encoding (of a validated header), whether it is in ``SPARSE``: a lookup
+where ``np.isin`` would sort."""
+IS_SPARSE[list(SPARSE)] = True
 _INT64 = torch.int64
+VALUE_SECTIONS = 3
+"""The most value sections an entry has: residue fields, escape positions, escaped values."""
 
 
 @attrs.frozen
 class FlatIndices:
     """Decoded indices of the sparse entries, and the device count of failed checks."""
 
-    indices: tuple[torch.Tensor, ...]
-    """Per sparse entry, in payload order, int64 flat indices (views of one tensor)."""
+    flat: torch.Tensor
+    """The sparse entries' int64 flat indices back to back, in payload order."""
+    counts: np.ndarray
+    """Per sparse entry, its number of indices."""
     failures: torch.Tensor
+
+    @property
+    def indices(self) -> tuple[torch.Tensor, ...]:
+        """Per sparse entry, its indices (views of ``flat``)."""
+        return tuple(self.flat.split(self.counts.tolist())) if self.counts.size else ()
 
     def valid(self) -> bool:
         """Whether every check passed (one host synchronization)."""
         return int(self.failures) == 0
 
 
-def decode_indices_flat(entries: Sequence[Entry], body: torch.Tensor) -> FlatIndices:
-    """Indices of every sparse entry of ``entries`` from ``body`` (uint8, 8-byte multiple)."""
-    layout = _Layout.of(entries)
+def decode_indices_flat(header: Header, body: torch.Tensor) -> FlatIndices:
+    """Indices of every sparse entry of a validated ``header`` from its ``body`` (uint8,
+    8-byte multiple)."""
+    layout = _Layout.of(header)
     words = body.view(_INT64) if body.numel() else torch.zeros(1, dtype=_INT64,
                                                                device=body.device)
     failures = [_escape_failures(layout, words)]
     rows, counts = layout.sparse_rows()
     if not counts.size:
-        return FlatIndices((), sum(failures))
+        return FlatIndices(torch.empty(0, dtype=_INT64, device=body.device), counts,
+                           sum(failures))
     if fused(body.device):
         from .decode_kernel import decode
         flat, index_failures = decode(rows, counts, words)
@@ -67,22 +79,23 @@ def decode_indices_flat(entries: Sequence[Entry], body: torch.Tensor) -> FlatInd
         flat, index_failures = _Decoder(segs, rows, host_table(rows, body.device), words,
                                         body).run()
     failures.append(index_failures)
-    return FlatIndices(tuple(flat.split(counts.tolist())), sum(failures))
+    return FlatIndices(flat, counts, sum(failures))
 
 
 _COLUMNS = ("encoding", "first", "stride", "width", "second", "escape_bits", "low_width",
             "numel", "escapes", "bit_limit")
-_INDEX_SECTIONS = {IndexEncoding.DENSE: 0, IndexEncoding.INT32: 1, IndexEncoding.INT64: 1,
-                   IndexEncoding.BITMAP: 1, IndexEncoding.BOX: 1, IndexEncoding.GAP8: 2,
-                   IndexEncoding.ELIAS_FANO: 2}
+INDEX_SECTIONS = np.zeros(len(IndexEncoding), dtype=np.int64)
+"""Per index encoding, its number of index sections."""
+INDEX_SECTIONS[[IndexEncoding.INT32, IndexEncoding.INT64, IndexEncoding.BITMAP,
+                 IndexEncoding.BOX]] = 1
+INDEX_SECTIONS[[IndexEncoding.GAP8, IndexEncoding.ELIAS_FANO]] = 2
 _STRIDES = {IndexEncoding.INT32: 32, IndexEncoding.INT64: 64, IndexEncoding.GAP8: BYTE_BITS}
 
 
 @attrs.frozen
 class _Layout:
     """Per entry of a payload, as numpy columns: its header fields and the body bit
-    offsets of its first, second and residue escape-position sections. One pass of
-    Python over the entries reads their fields; the rest is array arithmetic."""
+    offsets of its first, second and residue escape-position sections."""
 
     encoding: np.ndarray
     count: np.ndarray
@@ -97,22 +110,17 @@ class _Layout:
     positions: np.ndarray
 
     @classmethod
-    def of(cls, entries: Sequence[Entry]) -> _Layout:
-        sizes = [e.section_sizes() for e in entries]
-        fields = np.array([(e.index_encoding, e.count, e.numel, e.index_width, e.index_escapes,
-                            e.value_escapes, e.value_encoding == ValueEncoding.RESIDUE,
-                            _INDEX_SECTIONS[e.index_encoding]) for e in entries],
-                          dtype=np.int64).reshape(-1, 8).T
-        lengths = np.fromiter(map(len, sizes), dtype=np.int64, count=len(sizes))
-        flat = np.fromiter(itertools.chain.from_iterable(sizes), dtype=np.int64,
-                           count=int(lengths.sum()))
-        padded = -(-flat // ALIGNMENT) * ALIGNMENT
-        offsets = (np.cumsum(padded) - padded) * BYTE_BITS
-        head = np.cumsum(lengths) - lengths
-        end = head + lengths - 1
-        index_sections = fields[7]
+    def of(cls, header: Header) -> _Layout:
+        c, sections = header.columns(), header.sections()
+        offsets = sections.offsets * BYTE_BITS
+        head = sections.firsts
+        end = np.append(head[1:], offsets.size) - 1
+        index_sections = INDEX_SECTIONS[c["index_encoding"]]
         # clamped to the entry's own sections: only entries that have the section use it
-        return cls(*fields[:6], fields[6].astype(bool) & (fields[5] > 0), offsets[head],
+        return cls(c["index_encoding"], c["count"], c["numel"], c["index_width"],
+                   c["index_escapes"], c["value_escapes"],
+                   (c["value_encoding"] == ValueEncoding.RESIDUE) & (c["value_escapes"] > 0),
+                   offsets[head],
                    np.where(index_sections > 1, offsets[np.minimum(head + 1, end)],
                             offsets[head]),
                    offsets[np.minimum(head + index_sections + 1, end)])
@@ -120,7 +128,7 @@ class _Layout:
     def sparse_rows(self) -> tuple[np.ndarray, np.ndarray]:
         """The ``_COLUMNS`` rows of the sparse entries (columns x entries), and their
         element counts."""
-        pick = np.isin(self.encoding, _SPARSE_CODES)
+        pick = IS_SPARSE[self.encoding]
         enc, numel, width = self.encoding[pick], self.numel[pick], self.width[pick]
         is_ef = enc == IndexEncoding.ELIAS_FANO
         stride = np.select([enc == code for code in _STRIDES], list(_STRIDES.values()),
@@ -235,6 +243,11 @@ def _escape_failures(layout: _Layout, words: torch.Tensor) -> torch.Tensor:
     if not pick.any():
         return torch.zeros((), dtype=_INT64, device=words.device)
     count = layout.count[pick]
+    if fused(words.device):
+        from .decode_kernel import escape_failures
+        return escape_failures(layout.value_escapes[pick],
+                               words.data_ptr() + layout.positions[pick] // BYTE_BITS,
+                               np.where(count < INDEX32_LIMIT, 4, 8), count, words.device)
     segs = Segments.of(layout.value_escapes[pick].tolist(), words.device)
     table = host_table(np.stack([count, layout.positions[pick],
                                  np.where(count < INDEX32_LIMIT, 32, 64)]), words.device)

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import attrs
+import numpy as np
 import torch
 
 from .bits import BYTE_BITS, from_order_keys_by_width, order_keys_by_width, width_mask
@@ -23,6 +25,55 @@ from .header import Entry, align, index_itemsize
 
 _INT64 = torch.int64
 _INT_VIEWS = {2: torch.int16, 4: torch.int32}
+
+
+@attrs.frozen
+class Residues:
+    """Residue entries as numpy columns (one value per entry): what ``_resolve`` and
+    ``_escaped`` read, their sections and base values reached through addresses."""
+
+    count: np.ndarray
+    itemsize: np.ndarray
+    width: np.ndarray
+    escapes: np.ndarray
+    fields_at: np.ndarray
+    """Address of the residue fields (8-byte aligned; whole words are read)."""
+    fields_bytes: np.ndarray
+    positions_at: np.ndarray
+    raw_at: np.ndarray
+    base_at: np.ndarray
+    """Address of the entry's ``count`` base values (contiguous)."""
+
+    @classmethod
+    def of(cls, entries: Sequence[Entry], sections: Sequence[tuple[torch.Tensor, ...]],
+           bases: Sequence[torch.Tensor]) -> Residues:
+        """The columns of RESIDUE ``entries``, given their value sections and bases
+        (contiguous, alive while the kernels run)."""
+        fields, positions, raw = ([s[k] for s in sections] for k in range(3))
+
+        def column(values) -> np.ndarray:
+            return np.fromiter(values, dtype=np.int64, count=len(entries))
+
+        return cls(column(e.count for e in entries), column(e.itemsize for e in entries),
+                   column(e.value_width for e in entries),
+                   column(e.value_escapes for e in entries),
+                   column(f.data_ptr() for f in fields), column(f.numel() for f in fields),
+                   column(p.data_ptr() for p in positions), column(r.data_ptr() for r in raw),
+                   column(b.data_ptr() for b in bases))
+
+
+@attrs.frozen
+class Resolved:
+    """New values of residue entries, entry by entry in one byte buffer (each from an
+    8-byte boundary), and the count of residues that did not resolve."""
+
+    out: torch.Tensor
+    offsets: np.ndarray
+    failures: torch.Tensor
+
+    def views(self, entries: Sequence[Entry]) -> list[torch.Tensor]:
+        return [self.out[o:o + e.count * e.itemsize].view(e.dtype)
+                for e, o in zip(entries, self.offsets.tolist())]
 
 
 def resolve_residues(entries: Sequence[Entry], sections: Sequence[tuple[torch.Tensor, ...]],

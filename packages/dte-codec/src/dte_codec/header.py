@@ -21,6 +21,8 @@ import xxhash
 from .errors import DigestError, HeaderError
 
 if TYPE_CHECKING:
+    import numpy as np
+
     from .entry_table import EntryTable, Sections
 
 MAGIC = b"DTEP"
@@ -226,6 +228,13 @@ class Header:
     def sections(self) -> Sections:
         """Every entry's ``section_sizes``, in body order, computed for all at once."""
         return self._table.sections
+
+    def columns(self) -> dict[str, np.ndarray]:
+        """The entries' fields as int64 columns (``EntryTable.columns``) of a header that
+        passed ``validate``."""
+        columns = self._table.columns
+        assert columns is not None, "a validated header's fields fit int64"
+        return columns
 
     @functools.cached_property
     def _table(self) -> EntryTable:

@@ -19,19 +19,24 @@ and the same new value; only the order of the (unique) writes differs.
 
 from __future__ import annotations
 
-import itertools
 import math
 from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
 
 import attrs
+import numpy as np
 import torch
 
 from .dispatch import on_device
 from .fields import block_segments, host_table
-from .flat_values import resolve_residues
+from .flat_decode import IS_SPARSE, VALUE_SECTIONS
 from .geometry import Transfer
+from .flat_values import Residues
 from .header import Entry, ValueEncoding
 from .remap import _affine, _check_boxes, _strides
+
+if TYPE_CHECKING:
+    from .decode import Flat
 
 _WORD = 8
 _NARROW = 2**31
@@ -71,6 +76,13 @@ class Routes:
     sources: Mapping[str, _Source]
     table: torch.Tensor
     lookup: torch.Tensor
+    _rows: dict[str, np.ndarray] = attrs.field(factory=dict, init=False, eq=False, repr=False)
+    """Per source tensor, its columns of ``route_kernel``'s entry table (from NUMEL to
+    the sizes), made on first use."""
+    _targets: dict[tuple[int, ...], torch.Tensor] = attrs.field(
+        factory=dict, init=False, eq=False, repr=False)
+    """The device table of the local tensors' addresses, by those addresses (the last
+    set only: a replaced tensor has another address)."""
 
     @classmethod
     def of(cls, transfers: Mapping[str, Sequence[Transfer]],
@@ -127,6 +139,26 @@ class Routes:
         """Whether every tensor of ``names`` has routes."""
         return all(name in self.sources for name in names)
 
+    def source_columns(self, names: Sequence[str]) -> np.ndarray:
+        """``route_kernel``'s entry columns NUMEL to the sizes of each source tensor of
+        ``names`` (columns x names)."""
+        rows = self._rows
+        missing = [name for name in names if name not in rows]
+        for name in missing:
+            s = self.sources[name]
+            rows[name] = np.array([s.numel, s.first, s.count, 0, s.lookup_at, s.lookup_dim,
+                                   *s.strides, *s.sizes], dtype=np.int64)
+        return np.stack([rows[name] for name in names], axis=1)
+
+    def target_addresses(self, weights: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        """The local tensors' addresses, in ``tensors`` order, as a device table."""
+        key = tuple(weights[name].data_ptr() for name in self.tensors)
+        table = self._targets.get(key)
+        if table is None:
+            self._targets.clear()
+            table = self._targets[key] = host_table([list(key)], self.table.device)[0]
+        return table
+
 
 def _split_dim(sizes: tuple[int, ...], boxes: list[tuple[tuple[int, ...], tuple[int, ...]]]
                ) -> int | None:
@@ -157,40 +189,105 @@ Sparse = tuple[Entry, torch.Tensor, tuple[torch.Tensor, ...]]
 """A sparse entry of a payload: its entry, flat indices and value sections."""
 
 
+@attrs.frozen
+class SparseEntries:
+    """Sparse entries of a payload as the kernels read them: numpy columns of their
+    header fields and of the addresses of their indices and value sections."""
+
+    entries: tuple[Entry, ...]
+    columns: Mapping[str, np.ndarray]
+    """``Header.columns`` of these entries."""
+    index_at: np.ndarray
+    index_size: np.ndarray
+    value_at: np.ndarray
+    """Three rows: raw values or residue fields, residue escape positions, escaped values."""
+    fields_bytes: np.ndarray
+    """Bytes of each entry's first value section."""
+    keep: tuple[torch.Tensor, ...]
+    """What the addresses point into."""
+    device: torch.device
+
+    @classmethod
+    def of_flat(cls, flat: Flat) -> SparseEntries:
+        """The sparse entries of a payload decoded in one body (``decode.Flat``)."""
+        columns = flat.header.columns()
+        picked = np.flatnonzero(IS_SPARSE[columns["index_encoding"]])
+        counts = columns["count"][picked]
+        indices = flat.indices.flat
+        value_at, fields_bytes = flat.value_sections()
+        body = flat.body.data_ptr()
+        return cls(tuple(flat.header.entries[k] for k in picked.tolist()),
+                   {name: column[picked] for name, column in columns.items()},
+                   indices.data_ptr() + (np.cumsum(counts) - counts) * indices.element_size(),
+                   np.full(picked.size, indices.element_size(), dtype=np.int64),
+                   body + value_at[:, picked], fields_bytes[picked], (indices, flat.body),
+                   flat.body.device)
+
+    @classmethod
+    def of_tensors(cls, entries: Sequence[Sparse], device: torch.device) -> SparseEntries | None:
+        """``entries`` moved to ``device`` (sections word aligned); None for indices that
+        are not 1-D int32 or int64 and fields beyond int64."""
+        if any(i.dim() != 1 or i.dtype not in (torch.int32, torch.int64) for _, i, _ in entries):
+            return None
+        indices = [i.to(device).contiguous() for _, i, _ in entries]
+        sections = [tuple(_aligned(s.to(device)) for s in ss) for _, _, ss in entries]
+        # an entry's missing sections point at its first one, as in decode.Flat
+        value_at = np.array([[ss[min(k, len(ss) - 1)].data_ptr() for ss in sections]
+                             for k in range(VALUE_SECTIONS)], dtype=np.int64).reshape(
+                                 VALUE_SECTIONS, -1)
+        from .entry_table import EntryTable
+        table = EntryTable(tuple(e for e, _, _ in entries))
+        if table.columns is None:
+            return None
+        return cls(table.entries, table.columns,
+                   np.array([i.data_ptr() for i in indices], dtype=np.int64),
+                   np.array([i.element_size() for i in indices], dtype=np.int64),
+                   value_at, np.array([ss[0].numel() for ss in sections], dtype=np.int64),
+                   tuple(indices) + tuple(s for ss in sections for s in ss), device)
+
+
+def _aligned(section: torch.Tensor) -> torch.Tensor:
+    """``section`` at a word-aligned address (the kernels read whole words)."""
+    return section if section.data_ptr() % _WORD == 0 else section.clone()
+
+
 def stage_routed(routes: Routes, weights: Mapping[str, torch.Tensor],
-                 entries: Sequence[Sparse]) -> StagedRoutes | None:
-    """The sparse ``entries`` (indices and sections on the routes' device) staged into
-    ``weights``; None when the reference must stage them (see the module docstring)."""
+                 sparse: SparseEntries) -> StagedRoutes | None:
+    """The ``sparse`` entries (on the routes' device) staged into ``weights``; None when
+    the reference must stage them (see the module docstring)."""
     from . import route_kernel as kernel
     device = routes.table.device
-    if not entries or not routes.covers([e.name for e, _, _ in entries]) or any(
-            i.dim() != 1 or i.dtype not in (torch.int32, torch.int64) or i.device != device
-            or e.value_encoding not in (ValueEncoding.RAW, ValueEncoding.RESIDUE)
-            for e, i, _ in entries):
+    encodings = sparse.columns["value_encoding"]
+    if (not sparse.entries or sparse.device != device
+            or not routes.covers([e.name for e in sparse.entries])
+            or not ((encodings == ValueEncoding.RAW)
+                    | (encodings == ValueEncoding.RESIDUE)).all()):
         return None
-    moves = _Moves.of(routes, weights, [(e, i.contiguous()) for e, i, _ in entries])
+    moves = _Moves.of(routes, weights, sparse)
     flags = torch.zeros(_FLAGS, dtype=torch.int64, device=device)
     if moves.total:
         with on_device(device):
-            kernel.route(moves.entries, moves.block_seg, len(entries), routes.table,
+            kernel.route(moves.entries, moves.block_seg, len(sparse.entries), routes.table,
                          routes.lookup, moves.tensor_of, moves.flat_of, flags,
                          narrow=routes.narrow)
     gathered = moves.gather()
-    bases = moves.views(gathered)
-    new = [s[0].view(e.dtype) if e.value_encoding == ValueEncoding.RAW else None
-           for e, _, s in entries]
-    residue = [k for k, n in enumerate(new) if n is None]
-    failures = torch.zeros(1, dtype=torch.int64, device=device)
-    if residue:
-        values, failed = resolve_residues([entries[k][0] for k in residue],
-                                          [entries[k][2] for k in residue],
-                                          [bases[k] for k in residue])
-        failures = failed.view(1).to(torch.int64)
-        for k, value in zip(residue, values):
-            new[k] = value
-    if any(torch.cat([flags, failures]).tolist()):  # the one host synchronization
+    new_at = sparse.value_at[0].copy()  # raw values are sent as they are
+    keep = sparse.keep
+    residue = np.flatnonzero(encodings == ValueEncoding.RESIDUE)
+    if residue.size:
+        from .values_kernel import resolve_columns
+        c = {name: column[residue] for name, column in sparse.columns.items()}
+        resolved = resolve_columns(Residues(
+            c["count"], c["itemsize"], c["value_width"], c["value_escapes"],
+            sparse.value_at[0][residue], sparse.fields_bytes[residue],
+            sparse.value_at[1][residue], sparse.value_at[2][residue],
+            gathered.data_ptr() + moves.offsets[residue]), device)
+        new_at[residue] = resolved.out.data_ptr() + resolved.offsets
+        keep += (resolved.out,)
+        flags = torch.cat([flags, resolved.failures.view(1)])
+    if bool(flags.any()):  # the one host synchronization
         return None
-    return StagedRoutes(moves, tuple(v.contiguous() for v in new), gathered)
+    return StagedRoutes(moves, new_at, keep, gathered)
 
 
 @attrs.frozen
@@ -205,68 +302,55 @@ class _Moves:
     targets: tuple[torch.Tensor, ...]
     tensor_of: torch.Tensor
     flat_of: torch.Tensor
-    counts: tuple[int, ...]
-    offsets: tuple[int, ...]
-    dtypes: tuple[torch.dtype, ...]
+    offsets: np.ndarray
     total: int
     nbytes: int
 
     @classmethod
     def of(cls, routes: Routes, weights: Mapping[str, torch.Tensor],
-           entries: Sequence[tuple[Entry, torch.Tensor]]) -> _Moves:
+           sparse: SparseEntries) -> _Moves:
         device = routes.table.device
-        from .route_kernel import BLOCK, BLOCKS
-        counts = [i.numel() for _, i in entries]
-        blocks = [-(-count // BLOCK) for count in counts]
-        first_blocks = list(itertools.accumulate(blocks, initial=0))  # and their total last
-        offsets = list(itertools.accumulate(
-            (-(-count * entry.dtype.itemsize // _WORD) * _WORD
-             for (entry, _), count in zip(entries, counts)), initial=0))
-        total_blocks, nbytes = first_blocks.pop(), offsets.pop()
-        sources = [routes.sources[e.name] for e, _ in entries]
-        columns = [first_blocks, [i.data_ptr() for _, i in entries],
-                   [i.element_size() for _, i in entries], [s.numel for s in sources],
-                   [s.first for s in sources], [s.count for s in sources],
-                   [e.dtype.itemsize for e, _ in entries], [s.lookup_at for s in sources],
-                   [s.lookup_dim for s in sources]]
-        columns += [[s.strides[d] for s in sources] for d in range(routes.dims)]
-        columns += [[s.sizes[d] for s in sources] for d in range(routes.dims)]
-        table = host_table(columns + [counts, blocks], device)  # ELEMENTS, BLOCKS
-        targets = tuple(weights[name] for name in routes.tensors)
+        from .route_kernel import BLOCK, BLOCKS, ITEMSIZE, NUMEL
+        counts, itemsize = sparse.columns["count"], sparse.columns["itemsize"]
+        blocks = -(-counts // BLOCK)
+        sizes = -(-(counts * itemsize) // _WORD) * _WORD
+        columns = routes.source_columns([e.name for e in sparse.entries])
+        columns[ITEMSIZE.value - NUMEL.value] = itemsize
+        table = host_table(np.concatenate([
+            np.stack([np.cumsum(blocks) - blocks, sparse.index_at, sparse.index_size]),
+            columns, np.stack([counts, blocks])]), device)  # ... ELEMENTS, BLOCKS
+        total_blocks = int(blocks.sum())
         return cls(entries=table, block_seg=block_segments(table[BLOCKS], total_blocks),
-                   tensors=host_table([[t.data_ptr() for t in targets]], device)[0],
-                   targets=targets,
+                   tensors=routes.target_addresses(weights),
+                   targets=tuple(weights[name] for name in routes.tensors),
                    tensor_of=torch.empty(total_blocks * BLOCK, dtype=torch.int32, device=device),
                    flat_of=torch.empty(total_blocks * BLOCK, dtype=torch.int64, device=device),
-                   counts=tuple(counts), offsets=tuple(offsets),
-                   dtypes=tuple(e.dtype for e, _ in entries), total=sum(counts), nbytes=nbytes)
-
-    def views(self, flat: torch.Tensor) -> list[torch.Tensor]:
-        """Per entry, its values in the byte buffer ``flat`` (``gather``'s layout)."""
-        return [flat[o:o + n * d.itemsize].view(d)
-                for o, n, d in zip(self.offsets, self.counts, self.dtypes)]
+                   offsets=np.cumsum(sizes) - sizes, total=int(counts.sum()),
+                   nbytes=int(sizes.sum()))
 
     def gather(self) -> torch.Tensor:
-        """The targets' values at the routes (+0.0 where unrouted), as one byte buffer."""
+        """The targets' values at the routes (+0.0 where unrouted), as one byte buffer,
+        entry ``e`` from byte ``offsets[e]``."""
         flat = torch.empty(max(self.nbytes, _WORD), dtype=torch.uint8,
                            device=self.tensor_of.device)
-        self._launch([flat.data_ptr() + o for o in self.offsets], to_values=True)
+        self._launch(flat.data_ptr() + self.offsets, to_values=True)
         return flat
 
-    def scatter(self, values: Sequence[torch.Tensor]) -> None:
-        """Write per entry ``values`` (contiguous, on the device) at its routed elements."""
-        self._launch([v.data_ptr() for v in values], to_values=False)
+    def scatter(self, addresses: np.ndarray) -> None:
+        """Write per entry the values at ``addresses`` (on the device) at its routed
+        elements."""
+        self._launch(addresses, to_values=False)
         # written through addresses: tell autograd, as an in-place torch write would
         torch.autograd.graph.increment_version(list(self.targets))
 
-    def _launch(self, addresses: list[int], *, to_values: bool) -> None:
+    def _launch(self, addresses: np.ndarray, *, to_values: bool) -> None:
         if not self.total:
             return
         from . import route_kernel as kernel
         device = self.tensor_of.device
         with on_device(device):
-            kernel.move(self.entries, self.block_seg, len(self.counts),
-                        host_table([addresses], device)[0], self.tensor_of, self.flat_of,
+            kernel.move(self.entries, self.block_seg, self.offsets.size,
+                        host_table(addresses[None], device)[0], self.tensor_of, self.flat_of,
                         self.tensors, to_values=to_values)
 
 
@@ -278,18 +362,20 @@ class StagedRoutes:
     tensors between staging and writing in any case."""
 
     moves: _Moves
-    new: tuple[torch.Tensor, ...]
+    new_at: np.ndarray
+    """Per entry, the address of its new values (inside ``keep``)."""
+    keep: tuple[torch.Tensor, ...]
     old: torch.Tensor
 
     @property
     def name(self) -> str:
-        return f"{len(self.new)} routed sparse entries"
+        return f"{self.new_at.size} routed sparse entries"
 
     def saved(self) -> torch.Tensor:
         return self.old
 
     def write(self) -> None:
-        self.moves.scatter(self.new)
+        self.moves.scatter(self.new_at)
 
     def undo(self, old: torch.Tensor) -> None:
-        self.moves.scatter(self.moves.views(old))
+        self.moves.scatter(old.data_ptr() + self.moves.offsets)

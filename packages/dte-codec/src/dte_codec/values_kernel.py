@@ -14,16 +14,17 @@ byte buffer, entry by entry, each entry at an 8-byte boundary.
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 import triton
 import triton.language as tl
 
 from .dispatch import on_device
 from .fields import block_segments, host_table
-from .header import Entry, index_itemsize
+from .flat_values import Residues, Resolved
+from .header import INDEX32_LIMIT, Entry
 from .kernel_bits import (column, flags_before, from_order_key, get_fields, load_int, order_key,
                           owned_block, store_int, width_mask)
 
@@ -101,29 +102,31 @@ def resolve(entries: Sequence[Entry], sections: Sequence[tuple[torch.Tensor, ...
             bases: Sequence[torch.Tensor]) -> tuple[list[torch.Tensor], torch.Tensor]:
     """``flat_values.resolve_residues`` on the kernels; sections 8-byte aligned, on the
     bases' device."""
-    with on_device(bases[0].device):
-        return _resolve_all(entries, sections, bases)
-
-
-def _resolve_all(entries: Sequence[Entry], sections: Sequence[tuple[torch.Tensor, ...]],
-                 bases: Sequence[torch.Tensor]) -> tuple[list[torch.Tensor], torch.Tensor]:
-    device = bases[0].device
-    counts = [e.count for e in entries]
-    escapes = [e.value_escapes for e in entries]
-    blocks, escape_blocks = ([triton.cdiv(n, BLOCK) for n in ns] for ns in (counts, escapes))
-    offsets = _starts([-(-e.count * e.itemsize // 8) * 8 for e in entries])
-    nbytes = offsets.pop()
-    out = torch.empty(max(nbytes, 8), dtype=torch.uint8, device=device)
-    fields, positions, raw = ([s[k] for s in sections] for k in range(3))
     bases = [b.contiguous() for b in bases]
-    table = host_table([
-        _starts(blocks)[:-1], _starts(escapes)[:-1], [f.data_ptr() for f in fields],
-        [max(-(-f.numel() // 8) - 1, 0) for f in fields], [e.value_width for e in entries],
-        [p.data_ptr() for p in positions], [index_itemsize(e.count) for e in entries],
-        [r.data_ptr() for r in raw], [e.itemsize for e in entries],
-        [b.data_ptr() for b in bases], [out.data_ptr() + o for o in offsets], counts, escapes,
-        _starts(escape_blocks)[:-1], blocks, escape_blocks], device)
-    segments, total_blocks, total_escape_blocks = len(entries), sum(blocks), sum(escape_blocks)
+    resolved = resolve_columns(Residues.of(entries, sections, bases), bases[0].device)
+    return resolved.views(entries), resolved.failures
+
+
+def resolve_columns(residues: Residues, device: torch.device) -> Resolved:
+    """The new values of ``residues`` (sections and bases on ``device``)."""
+    with on_device(device):
+        return _resolve_all(residues, device)
+
+
+def _resolve_all(r: Residues, device: torch.device) -> Resolved:
+    blocks, escape_blocks = -(-r.count // BLOCK), -(-r.escapes // BLOCK)
+    sizes = -(-(r.count * r.itemsize) // 8) * 8
+    offsets = _starts(sizes)
+    nbytes, total_blocks, total_escape_blocks = (int(x.sum()) for x in
+                                                 (sizes, blocks, escape_blocks))
+    out = torch.empty(max(nbytes, 8), dtype=torch.uint8, device=device)
+    table = host_table(np.stack([
+        _starts(blocks), _starts(r.escapes), r.fields_at,
+        np.maximum(-(-r.fields_bytes // 8) - 1, 0), r.width, r.positions_at,
+        np.where(r.count < INDEX32_LIMIT, 4, 8), r.raw_at, r.itemsize, r.base_at,
+        out.data_ptr() + offsets, r.count, r.escapes, _starts(escape_blocks), blocks,
+        escape_blocks]), device)
+    segments = r.count.size
     marks = torch.zeros(total_blocks * BLOCK, dtype=torch.uint8, device=device)
     if total_escape_blocks:
         _escaped[(total_escape_blocks,)](
@@ -134,10 +137,9 @@ def _resolve_all(entries: Sequence[Entry], sections: Sequence[tuple[torch.Tensor
     failures = torch.zeros(total_blocks, dtype=_INT64, device=device)
     _resolve[(total_blocks,)](table, block_segments(table[_BLOCKS], total_blocks), segments,
                               marks, before, failures, BLOCK=BLOCK)
-    views = [out[o:o + e.count * e.itemsize].view(e.dtype) for e, o in zip(entries, offsets)]
-    return views, failures.sum()
+    return Resolved(out, offsets, failures.sum())
 
 
-def _starts(sizes: list[int]) -> list[int]:
-    """Exclusive prefix sums of ``sizes``, and their total last."""
-    return list(itertools.accumulate(sizes, initial=0))
+def _starts(sizes: np.ndarray) -> np.ndarray:
+    """Exclusive prefix sums of ``sizes``."""
+    return np.cumsum(sizes) - sizes
