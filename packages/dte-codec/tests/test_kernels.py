@@ -412,7 +412,8 @@ if importlib.util.find_spec("triton") is not None:
     import triton
     import triton.language as tl
 
-    from dte_codec.kernel_bits import load_int, load_uniform, put_fields, put_packed
+    from dte_codec.kernel_bits import (load_int, load_uniform, put_fields, put_packed,
+                                       store_int, store_uniform)
 
     @triton.jit
     def _loads(address, out, size, n, BLOCK: tl.constexpr):
@@ -420,6 +421,14 @@ if importlib.util.find_spec("triton") is not None:
         width = tl.load(size)
         tl.store(out + k, load_int(address, k, width, k < n))
         tl.store(out + BLOCK + k, load_uniform(address, k, width, k < n))
+
+    @triton.jit
+    def _stores(first, second, values, size, n, BLOCK: tl.constexpr):
+        k = tl.arange(0, BLOCK)
+        width = tl.load(size)
+        value = tl.load(values + k)
+        store_int(first, k, value, width, k < n)
+        store_uniform(second + k * 0, k, value, width, k < n)  # an address per element
 
     @triton.jit
     def _put(words, pos, value, width, n, BLOCK: tl.constexpr):
@@ -534,3 +543,18 @@ def test_load_uniform_reads_what_load_int_reads(dtype):
                      device=DEVICE), values.numel(), BLOCK=8)
     expected = values.to(torch.int64).tolist() + [0] * 3
     assert [expected, expected] == out.cpu().tolist()
+
+
+@pytest.mark.parametrize("dtype", [torch.uint8, torch.int16, torch.int32, torch.int64])
+def test_store_uniform_writes_what_store_int_writes(dtype):
+    """Items of 1, 2, 4 and 8 bytes from int64 values beyond their range (their low bytes
+    stored), one address per element, masked-off lanes left alone: the one-branch store
+    writes store_int's items."""
+    values = torch.tensor([-(1 << 40) - 3, -1, 0, 1, (1 << 40) + 255, 9, 9, 9])
+    first = torch.full((8,), 5, dtype=dtype, device=DEVICE)
+    second = first.clone()
+    with kernels():
+        _stores[(1,)](first.data_ptr(), second.data_ptr(), values.to(DEVICE),
+                      torch.tensor([first.element_size()], device=DEVICE), 5, BLOCK=8)
+    low = values[:5].numpy().astype(torch.empty(0, dtype=dtype).numpy().dtype).tolist()
+    assert low + [5, 5, 5] == first.cpu().tolist() == second.cpu().tolist()

@@ -110,8 +110,9 @@ def load_int(address, at, size, mask):
 
 @triton.jit
 def load_uniform(address, at, size, mask):
-    """``load_int`` where ``address`` and ``size`` are scalars: a branch on the size, the
-    same in every thread, runs one load (``load_int`` issues and selects among four)."""
+    """``load_int`` where ``size`` is a scalar (``address`` a scalar or one per element): a
+    branch on the size, the same in every thread, runs one load (``load_int`` issues and
+    selects among four)."""
     out = tl.zeros(at.shape, tl.int64)
     if size == 1:
         out = tl.load(address.to(tl.pointer_type(tl.uint8)) + at, mask=mask, other=0).to(tl.int64)
@@ -122,6 +123,19 @@ def load_uniform(address, at, size, mask):
     else:
         out = tl.load(address.to(tl.pointer_type(tl.int64)) + at, mask=mask, other=0)
     return out
+
+
+@triton.jit
+def store_uniform(address, at, value, size, mask):
+    """``store_int`` where ``size`` is a scalar, as ``load_uniform``: one store."""
+    if size == 1:
+        tl.store(address.to(tl.pointer_type(tl.uint8)) + at, value.to(tl.uint8), mask=mask)
+    elif size == 2:
+        tl.store(address.to(tl.pointer_type(tl.int16)) + at, value.to(tl.int16), mask=mask)
+    elif size == 4:
+        tl.store(address.to(tl.pointer_type(tl.int32)) + at, value.to(tl.int32), mask=mask)
+    else:
+        tl.store(address.to(tl.pointer_type(tl.int64)) + at, value, mask=mask)
 
 
 @triton.jit

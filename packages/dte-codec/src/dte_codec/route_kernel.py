@@ -22,7 +22,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .kernel_bits import column, load_int, owned_block, store_int
+from .kernel_bits import column, load_uniform, owned_block, store_uniform
 
 BLOCK = 1024
 # columns of the per-entry table (then the strides and the sizes of the source shape, then
@@ -47,28 +47,21 @@ def _entry(entries, c, segments, seg):
 @triton.jit
 def _coordinate(entries, segments, seg, index, d: tl.constexpr, NARROW: tl.constexpr):
     """The element's coordinate in right-aligned dimension ``d`` of its source shape
-    (32-bit division where every source tensor has fewer than 2**31 elements)."""
+    (32-bit division, and an int32 result, where every source tensor has fewer than 2**31
+    elements)."""
     stride = _entry(entries, SHAPE + d, segments, seg)
     size = _entry(entries, SHAPE + DIMS + d, segments, seg)
     if NARROW:
-        coord = ((index.to(tl.int32) // stride.to(tl.int32)) % size.to(tl.int32)).to(tl.int64)
+        coord = (index.to(tl.int32) // stride.to(tl.int32)) % size.to(tl.int32)
     else:
         coord = (index // stride) % size
     return coord
 
 
 @triton.jit
-def _inside(table, transfers, row, d: tl.constexpr, coord, inside):
-    """Whether ``coord`` also lies in dimension ``d`` of the transfer's source box."""
-    base = table + (AFFINE + 3 * d) * transfers + row
-    low = tl.load(base + transfers, mask=inside, other=0)
-    high = tl.load(base + 2 * transfers, mask=inside, other=0)
-    return inside & (coord >= low) & (coord < high)
-
-
-@triton.jit
 def _affine_at(table, transfers, row, c0, c1, c2, mask):
-    """The target flat index of coordinates ``c`` through transfer ``row``."""
+    """The target flat index of coordinates ``c`` through transfer ``row`` (one per element,
+    or one for the block with a scalar ``mask``)."""
     weights = table + AFFINE * transfers + row
     return (tl.load(table + SHIFT * transfers + row, mask=mask, other=0)
             + c0 * tl.load(weights, mask=mask, other=0)
@@ -77,51 +70,61 @@ def _affine_at(table, transfers, row, c0, c1, c2, mask):
 
 
 @triton.jit
+def _inside(table, transfers, box, d: tl.constexpr, coord):
+    """Whether ``coord`` lies in dimension ``d`` of transfer ``box``'s source box."""
+    base = table + (AFFINE + 3 * d) * transfers + box
+    return (coord >= tl.load(base + transfers)) & (coord < tl.load(base + 2 * transfers))
+
+
+@triton.jit
 def _entry_block(entries, block_seg, segments, BLOCK: tl.constexpr):
-    """``owned_block``'s entry, per element (the transfers' loads take per-element rows and
-    masks), the ranks, the block's flat positions, and which of them hold an element."""
+    """``owned_block``'s entry, the ranks, the block's flat positions, and which of them
+    hold an element."""
     block, seg, rank = owned_block(entries, block_seg, segments, FIRST_BLOCK, BLOCK)
     k = block.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    seg = seg + rank * 0
     return seg, rank, k, rank < _entry(entries, ELEMENTS, segments, seg)
 
 
 @triton.jit(do_not_specialize=["segments", "transfers"])
 def _route(entries, block_seg, segments, table, transfers, lookup, tensor_out, flat_out, flags,
            NARROW: tl.constexpr, BLOCK: tl.constexpr):
+    # the entry's numbers are the block's scalars: per-element copies of them took loads,
+    # registers and occupancy (this kernel's time)
     seg, rank, k, valid = _entry_block(entries, block_seg, segments, BLOCK)
-    index = load_int(_entry(entries, INDEX_AT, segments, seg), rank,
-                     _entry(entries, INDEX_SIZE, segments, seg), valid)
+    index = load_uniform(_entry(entries, INDEX_AT, segments, seg), rank,
+                         _entry(entries, INDEX_SIZE, segments, seg), valid)
     held = valid & (index >= 0) & (index < _entry(entries, NUMEL, segments, seg))
     # the coordinates once; the transfers then compare and add
     c0 = _coordinate(entries, segments, seg, index, 0, NARROW)
     c1 = _coordinate(entries, segments, seg, index, 1, NARROW)
     c2 = _coordinate(entries, segments, seg, index, 2, NARROW)
-    # an entry with a lookup: its element reads its transfer's row
     lookup_at = _entry(entries, LOOKUP_AT, segments, seg)
-    split = _entry(entries, LOOKUP_DIM, segments, seg)
-    by_lookup = held & (lookup_at >= 0)
-    coord = tl.where(split == 0, c0, tl.where(split == 1, c1, c2))
-    found = tl.load(lookup + lookup_at + coord, mask=by_lookup, other=-1).to(tl.int64)
-    hit = by_lookup & (found >= 0)
-    row = tl.maximum(found, 0)
-    target = tl.where(hit, tl.load(table + TENSOR * transfers + row, mask=hit, other=0), -1)
-    flat = tl.where(hit, _affine_at(table, transfers, row, c0, c1, c2, hit), 0)
-    hits = hit.to(tl.int64)
-    # the others: every box of the entry
-    first = _entry(entries, FIRST, segments, seg)
-    count = tl.where(held & (lookup_at < 0), _entry(entries, COUNT, segments, seg), 0)
-    for t in range(tl.max(count, 0)):
-        box = first + t
-        inside = t < count
-        inside = _inside(table, transfers, box, 0, c0, inside)
-        inside = _inside(table, transfers, box, 1, c1, inside)
-        inside = _inside(table, transfers, box, 2, c2, inside)
-        hits += inside.to(tl.int64)
-        target = tl.where(inside, tl.load(table + TENSOR * transfers + box, mask=inside,
-                                          other=0), target)
-        flat = tl.where(inside, _affine_at(table, transfers, box, c0, c1, c2, inside), flat)
-    tl.store(tensor_out + k, target.to(tl.int32), mask=valid)
+    target = tl.full([BLOCK], -1, tl.int32)
+    flat = tl.zeros([BLOCK], tl.int64)
+    hits = tl.zeros([BLOCK], tl.int32)
+    if lookup_at >= 0:
+        # its element reads its transfer's row
+        split = _entry(entries, LOOKUP_DIM, segments, seg)
+        coord = tl.where(split == 0, c0, tl.where(split == 1, c1, c2))
+        found = tl.load(lookup + lookup_at + coord, mask=held, other=-1).to(tl.int64)
+        hit = held & (found >= 0)
+        row = tl.maximum(found, 0)
+        target = tl.where(hit, tl.load(table + TENSOR * transfers + row, mask=hit,
+                                       other=0).to(tl.int32), -1)
+        flat = tl.where(hit, _affine_at(table, transfers, row, c0, c1, c2, hit), 0)
+        hits = hit.to(tl.int32)
+    else:
+        # every box of the entry, each the same for the whole block
+        first = _entry(entries, FIRST, segments, seg)
+        for t in range(_entry(entries, COUNT, segments, seg)):
+            box = first + t
+            inside = (held & _inside(table, transfers, box, 0, c0)
+                      & _inside(table, transfers, box, 1, c1) & _inside(table, transfers, box, 2, c2))
+            hits += inside.to(tl.int32)
+            target = tl.where(inside, tl.load(table + TENSOR * transfers + box).to(tl.int32),
+                              target)
+            flat = tl.where(inside, _affine_at(table, transfers, box, c0, c1, c2, box >= 0), flat)
+    tl.store(tensor_out + k, target, mask=valid)
     tl.store(flat_out + k, flat, mask=valid)
     tl.atomic_add(flags + OUT_OF_RANGE, tl.sum((valid & ~held).to(tl.int64), 0))
     tl.atomic_add(flags + TWICE, tl.sum((hits > 1).to(tl.int64), 0))
@@ -132,15 +135,15 @@ def _move(entries, block_seg, segments, addresses, tensor_of, flat_of, tensors,
           BLOCK: tl.constexpr, TO_VALUES: tl.constexpr):
     seg, rank, k, valid = _entry_block(entries, block_seg, segments, BLOCK)
     size = _entry(entries, ITEMSIZE, segments, seg)
-    values = tl.load(addresses + seg, mask=valid, other=0)
+    values = tl.load(addresses + seg)
     tensor = tl.load(tensor_of + k, mask=valid, other=-1)
     routed = valid & (tensor >= 0)
     index = tl.load(flat_of + k, mask=routed, other=0)
     address = tl.load(tensors + tl.maximum(tensor, 0), mask=routed, other=0)
     if TO_VALUES:
-        store_int(values, rank, load_int(address, index, size, routed), size, valid)
+        store_uniform(values, rank, load_uniform(address, index, size, routed), size, valid)
     else:
-        store_int(address, index, load_int(values, rank, size, routed), size, routed)
+        store_uniform(address, index, load_uniform(values, rank, size, routed), size, routed)
 
 
 def route(entries, block_seg, segments: int, table, lookup, tensor_out, flat_out, flags, *,
