@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import gc
 import gzip
 import json
 import os
@@ -97,6 +98,45 @@ def model_config(args: argparse.Namespace) -> ModelConfig:
 def synchronize(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+
+
+class Stalls:
+    """Host stalls that land in whichever phase runs into them, counted from creation: the
+    interpreter's garbage collections (one of generation 2 scans every tracked object,
+    100s of ms in a process holding torch and transformers) and the CUDA caching
+    allocator's free-and-retry mallocs."""
+
+    gc_ms = 0.0
+    """Milliseconds in collections since ``watch_collections``."""
+    _began = 0.0
+
+    def __init__(self, device: torch.device):
+        self.device, self.gc_ms_then, self.retries_then = device, Stalls.gc_ms, _retries(device)
+
+    def since(self) -> dict:
+        return {"gc_ms": Stalls.gc_ms - self.gc_ms_then,
+                "alloc_retries": _retries(self.device) - self.retries_then}
+
+    @staticmethod
+    def watch_collections() -> None:
+        def on(phase: str, _info: dict) -> None:
+            if phase == "start":
+                Stalls._began = time.perf_counter()
+            else:
+                Stalls.gc_ms += (time.perf_counter() - Stalls._began) * 1e3
+        gc.callbacks.append(on)
+
+
+def _retries(device: torch.device) -> int:
+    return torch.cuda.memory_stats(device).get("num_alloc_retries", 0) if device.type == "cuda" else 0
+
+
+def settled() -> None:
+    """Collect, then leave what the setup built (modules, weights, optimizer state, caches)
+    out of later collections (``gc.freeze``, as Megatron's ``--manual-gc`` and torchtitan
+    do), so a generation-2 collection during a sync scans only what came after."""
+    gc.collect()
+    gc.freeze()
 
 
 def timed(device: torch.device, fn):
@@ -186,6 +226,7 @@ def zeros(shard: Shard, device: torch.device) -> dict[str, torch.Tensor]:
 
 def one_gpu(args: argparse.Namespace) -> dict:
     device = torch.device("cpu" if args.smoke else "cuda")
+    Stalls.watch_collections()
     config = model_config(args)
     shard = rollout_shard(config, 0)
     rollout = zeros(shard, device)
@@ -195,14 +236,17 @@ def one_gpu(args: argparse.Namespace) -> dict:
     trainer = Trainer(args, device, Sender(Loopback(receiver), anchor_interval=0))
     for _ in range(args.warmup_steps):
         trainer.step()
+    settled()
     dense_ms = copy_ms(trainer.actor.model, device)
     _, full_ms = timed(device, lambda: trainer.actor.sync(1))
     steps = []
     for version in range(2, args.steps + 2):
         trainer.step()
+        stalls = Stalls(device)
         report, total_ms = timed(device, lambda: trainer.actor.sync(version))
+        stalled = stalls.since()
         expected = rollout_expected(config, trainer.shard, shard, trainer.actor.model)
-        steps.append(step_row(report, total_ms, same_bits(expected, rollout)))
+        steps.append(step_row(report, total_ms, same_bits(expected, rollout), stalled))
     # steady full syncs: the first one above also pays every kernel's first compile
     fulls = [timed(device, lambda: trainer.actor.sync_full(version, reason="bench"))
              for version in range(args.steps + 2, args.steps + 5)]
@@ -252,10 +296,10 @@ def profiled(fn, device: torch.device, out: Path) -> None:
     trace.unlink()
 
 
-def step_row(report, total_ms: float, bitwise: bool) -> dict:
+def step_row(report, total_ms: float, bitwise: bool, stalled: dict) -> dict:
     return {"kind": report.kind.value, "changed": report.changed,
             "payload_bytes": report.payload_bytes, "ms": dict(report.ms),
-            "total_ms": total_ms, "bitwise": bitwise}
+            "total_ms": total_ms, "bitwise": bitwise, **stalled}
 
 
 def summary(args, device, numel: int, steps: list[dict], *, full_ms: float, dense_ms: float,
@@ -303,6 +347,7 @@ def two_gpus(rank: int, args: argparse.Namespace, port: int, queue) -> None:
         dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                                 world_size=2, device_id=device,
                                 timeout=datetime.timedelta(minutes=10))
+    Stalls.watch_collections()
     config = model_config(args)
     roles = Roles([0], [1])
     target = rollout_shard(config, 1)
@@ -313,6 +358,7 @@ def two_gpus(rank: int, args: argparse.Namespace, port: int, queue) -> None:
         trainer = Trainer(args, device, sender)
         for _ in range(args.warmup_steps):
             trainer.step()
+        settled()
         weights = list(trainer.actor.model.values())
         report, full_ms = timed(device, lambda: trainer.actor.sync(1))
     else:
@@ -321,12 +367,15 @@ def two_gpus(rank: int, args: argparse.Namespace, port: int, queue) -> None:
         weights = [torch.empty(s.shape, dtype=s.dtype, device=device)
                    for s in trainer_shard.tensors.values()]
         receiver.sync()
+        settled()
     dense = [dense_send(rank, weights, device) for _ in range(3)]
     steps = []
     for version in range(2, args.steps + 2):
         if rank == 0:
             trainer.step()
+            stalls = Stalls(device)
             report, total_ms = timed(device, lambda: trainer.actor.sync(version))
+            stalled = stalls.since()
         else:
             receiver.sync()
         dense.append(dense_send(rank, weights, device))
@@ -337,7 +386,7 @@ def two_gpus(rank: int, args: argparse.Namespace, port: int, queue) -> None:
             bitwise += int(same_bits(expected, rollout))
         dist.all_reduce(bitwise)
         if rank == 0:
-            steps.append(step_row(report, total_ms, bool(bitwise.item())))
+            steps.append(step_row(report, total_ms, bool(bitwise.item()), stalled))
     if rank == 0:
         dense_ms = statistics.median(dense)
         label = f"dense {dist.get_backend()} send ({args.link}, measured)"

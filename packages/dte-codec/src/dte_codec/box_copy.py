@@ -75,6 +75,8 @@ class CopyPlan:
         copies: dict[tuple[int, bool], list[list[int]]] = defaultdict(list)
         chunks: dict[tuple[int, bool], list[list[int]]] = defaultdict(list)
         for cut in cuts:
+            if 0 in cut.inside.size:  # an empty tensor's cut moves nothing
+                continue
             row = _copy_row(cut, ids[cut.tensor], itemsizes[cut.tensor], aligned=aligned)
             if row is None:
                 return None
