@@ -29,7 +29,8 @@ def kernels() -> contextlib.AbstractContextManager[None]:
 
 CODEC_KERNELS = {"encode": ("encode_kernel", ("_stats", "_escape_counts", "_write")),
                  "digest": ("body_digest_kernel", ("_digest",)),
-                 "decode": ("decode_kernel", ("_fields", "_gaps", "_stream", "_check")),
+                 "decode": ("decode_kernel",
+                            ("_fields", "_gaps", "_stream", "_check", "_positions")),
                  "values": ("values_kernel", ("_escaped", "_resolve")),
                  "scatter": ("scatter_kernel", ("_move",)),
                  "route": ("route_kernel", ("_route", "_move")),

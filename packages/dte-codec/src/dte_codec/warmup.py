@@ -29,7 +29,7 @@ from .encode import encode_delta_batched, encode_full
 from .geometry import Piece, Shard, TensorSpec, plan
 from .header import RESIDUE_DTYPES
 from .region import Box
-from .routes import Routes, stage_routed
+from .routes import Routes, SparseEntries, stage_routed
 
 _ROWS = 64
 _COLUMNS = {"a": 48, "b": 13, "c": 1}
@@ -141,8 +141,11 @@ def _route(delta, old: dict[str, torch.Tensor], device: torch.device) -> None:
         local[piece.tensor][piece.local.slices()] = old[piece.canonical].view(piece.local.size)
     routes = Routes.of(plan(source, [target]), {n: s.shape for n, s in specs.items()},
                        {n: s.dtype for n, s in specs.items()}, local, device)
-    entries = [(e, i, s) for e, i, s in zip(delta.header.entries, delta.indices, delta.values)
-               if isinstance(i, torch.Tensor)]
-    staged = stage_routed(routes, local, entries)
+    # as ShardStage routes it: from the decoded body (Payload.flat), else from its tensors
+    sparse = SparseEntries.of_flat(delta.flat) if delta.flat is not None else (
+        SparseEntries.of_tensors([(e, i, s) for e, i, s in zip(
+            delta.header.entries, delta.indices, delta.values) if isinstance(i, torch.Tensor)],
+            device))
+    staged = stage_routed(routes, local, sparse) if sparse is not None else None
     if staged is not None:
         staged.write()
