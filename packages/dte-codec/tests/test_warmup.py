@@ -97,7 +97,8 @@ def test_warm_up_sync_launches_every_variant(warmed):
     word units, of items and of strided rows."""
     expected = {("encode._stats",), ("encode._escape_counts",), ("encode._write",),
                 ("digest._digest",), ("decode._fields",), ("decode._gaps", False),
-                ("decode._gaps", True), ("decode._stream",), ("decode._check",), ("decode._positions",),
+                ("decode._gaps", True), ("decode._stream",), ("decode._check",),
+                ("decode._positions",),
                 ("values._escaped",), ("values._resolve",), ("scatter._move", True),
                 ("scatter._move", False), ("route._route", True), ("route._move", True),
                 ("route._move", False), ("box._copy", 2, False), ("box._copy", 2, True),
