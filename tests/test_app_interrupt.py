@@ -77,6 +77,7 @@ def test_a_signal_after_the_second_sync_keeps_the_finished_syncs(tmp_path, signu
     finally:
         if job.poll() is None:
             job.kill()
+            job.wait()  # reaped: no zombie for later tests' checks of their children
     assert 2 == second.returncode and "another job is writing" in second.stderr
     assert 130 == job.returncode, stdout + stderr
     assert "Traceback" not in stderr

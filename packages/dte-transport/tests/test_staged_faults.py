@@ -63,6 +63,7 @@ def test_writer_killed_before_the_manifest_leaves_no_visible_version(tmp_path, m
         child.join(timeout=30)
     finally:
         child.kill()
+        child.join()  # reaped even when an assertion above failed
     assert (-signal.SIGKILL, True, True) == (
         child.exitcode, "000000000002-v2-delta.safetensors" in written,
         any(n.startswith(".tmp-") and n.endswith("000000000002.manifest.json")
