@@ -111,6 +111,32 @@ def test_delta_decoded_in_one_body_is_routed_from_it(monkeypatch):
     assert first_difference(reference.weights, _cpu(routed.weights)) is None
 
 
+def test_stage_built_where_the_kernels_run_has_its_routes_before_the_first_delta(
+        monkeypatch):
+    """A stage whose local tensors are where the kernels run builds its routes with
+    itself (a Qwen3-4B rank's take ~20-40 ms of host work), so the first delta builds
+    none, and is routed bit for bit as the reference."""
+    config, layout, kind = CASES[3]
+    source, shard = _source(config, kind), sglang_shard(config, layout, rank=0)
+    old = _canonical(config, 0)
+    data = _delta(config, source, old, _step(old, 1, 0.02))
+    reference, _ = _pair(source, shard, old)
+    assert reference.receive(data).accepted
+    with kernels():
+        local = {n: t.to(DEVICE) for n, t in materialize(shard, old, fill=PADDING).items()}
+        routed = Receiver(local, stage=ShardStage.of(source, shard, local))
+        routed.version, routed.stream_id = 1, "s"
+
+        def built(*_args, **_kwargs):
+            raise AssertionError("routes built in a delta")
+
+        monkeypatch.setattr(routes.Routes, "of", built)
+        staged = routed.stage(routed.weights, decode(data, device=DEVICE)).entries
+        assert [StagedRoutes] == [type(s) for s in staged if not hasattr(s, "where")]
+        assert routed.receive(data).accepted
+    assert first_difference(reference.weights, _cpu(routed.weights)) is None
+
+
 def test_routes_write_a_replaced_local_tensor_at_its_new_address():
     """A local tensor replaced between two deltas (another tensor under its name) gets
     the second delta's values, bit for bit as the reference, and the one it replaced

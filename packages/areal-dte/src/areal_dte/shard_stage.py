@@ -69,7 +69,8 @@ class ShardStage:
     tensor; local: where the shard holds it)."""
     _routes: dict[torch.device, Routes] = attrs.field(factory=dict, init=False, eq=False,
                                                       repr=False)
-    """Per device where the kernels run, the plan as device tables (built on first use)."""
+    """Per device where the kernels run, the plan as device tables (built with the stage
+    where its local tensors are, else on first use)."""
     _cut_cache: dict[tuple[str, Box], tuple[tuple[str, Box, Box], ...]] = attrs.field(
         factory=dict, init=False, eq=False, repr=False)
     _plans: _Recent = attrs.field(factory=lambda: _Recent(), init=False, eq=False,
@@ -107,7 +108,11 @@ class ShardStage:
                   for name, ts in transfers.items()}
         canonical = {name: torch.empty(spec.shape, dtype=spec.dtype, device="meta")
                      for name, spec in source.tensors.items()}
-        return cls(canonical=canonical, transfers=transfers, pieces=pieces)
+        stage = cls(canonical=canonical, transfers=transfers, pieces=pieces)
+        devices = {t.device for t in weights.values()}
+        if len(devices) == 1 and fused(device := devices.pop()):  # now, not in the first delta
+            stage._routes_on(device, weights)
+        return stage
 
     def __call__(self, weights: Mapping[str, torch.Tensor], payload: Payload) -> Prepared:
         """Check ``payload`` and resolve it into ``weights``, writing nothing.
@@ -188,12 +193,16 @@ class ShardStage:
                  if not isinstance(where, Box)], device)
         if sparse is None or not sparse.entries:
             return None
+        return stage_routed(self._routes_on(device, weights), weights, sparse)
+
+    def _routes_on(self, device: torch.device, weights: Mapping[str, torch.Tensor]) -> Routes:
+        """The plan as device tables on ``device`` (``weights``' item sizes), built once."""
         routes = self._routes.get(device)
         if routes is None:
             routes = self._routes[device] = Routes.of(
                 self.transfers, {n: tuple(t.shape) for n, t in self.canonical.items()},
                 {n: t.dtype for n, t in self.canonical.items()}, weights, device)
-        return stage_routed(routes, weights, sparse)
+        return routes
 
     def _on_rank(self, weights: Mapping[str, torch.Tensor], name: str,
                  indices: torch.Tensor) -> torch.Tensor:

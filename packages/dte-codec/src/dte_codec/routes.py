@@ -101,7 +101,8 @@ class Routes:
         tensors = tuple(sorted(local))
         ids = {name: k for k, name in enumerate(tensors)}
         rows: list[list[int]] = [[] for _ in range(2 + 3 * dims)]
-        lookup: list[int] = []
+        lookup: list[np.ndarray] = []
+        looked_up = 0
         sources = {}
         for name, ts in transfers.items():
             shape = tuple(shapes[name])
@@ -116,9 +117,9 @@ class Routes:
             split = _split_dim(sizes, boxes)
             at = -1
             if split is not None:
-                at = len(lookup)
-                lookup += _lookup(sizes[split], [b[0][split] for b in boxes],
-                                  [b[1][split] for b in boxes], len(rows[0]))
+                at, looked_up = looked_up, looked_up + sizes[split]
+                lookup.append(_lookup(sizes[split], [b[0][split] for b in boxes],
+                                      [b[1][split] for b in boxes], len(rows[0])))
             sources[name] = _Source(len(rows[0]), len(ts), math.prod(shape),
                                     (1,) * pad + tuple(_strides(shape)), sizes,
                                     at, split or 0)
@@ -133,7 +134,8 @@ class Routes:
         table = host_table(rows if rows[0] else [[0]] * len(rows), device)
         return cls(dims=dims, narrow=all(s.numel < _NARROW for s in sources.values()),
                    tensors=tensors, sources=sources, table=table,
-                   lookup=host_table([lookup or [-1]], device)[0].to(torch.int32))
+                   lookup=torch.from_numpy(np.concatenate(lookup or [np.full(1, -1, np.int32)])
+                                           ).to(device))
 
     def covers(self, names: Sequence[str]) -> bool:
         """Whether every tensor of ``names`` has routes."""
@@ -176,12 +178,13 @@ def _split_dim(sizes: tuple[int, ...], boxes: list[tuple[tuple[int, ...], tuple[
     return cut[0]
 
 
-def _lookup(length: int, starts: list[int], sizes: list[int], first: int) -> list[int]:
+def _lookup(length: int, starts: list[int], sizes: list[int], first: int) -> np.ndarray:
     """Per coordinate of the split dimension, the table row of the transfer that holds
-    it (-1: none)."""
-    out = [-1] * length
+    it (-1: none), as int32 (a Qwen3-4B shard has ~1e6 coordinates: Python lists of
+    them cost ~50 ms)."""
+    out = np.full(length, -1, np.int32)
     for k, (start, size) in enumerate(zip(starts, sizes)):
-        out[start:start + size] = [first + k] * size
+        out[start:start + size] = first + k
     return out
 
 
