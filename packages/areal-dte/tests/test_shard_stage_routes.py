@@ -330,3 +330,34 @@ def test_random_plans_route_as_the_reference(case):
         with kernels():
             assert routed.receive(data).accepted
         assert first_difference(reference.weights, _cpu(routed.weights)) is None
+
+
+def test_a_local_tensor_replaced_by_a_strided_one_is_written_as_by_the_reference():
+    """A local matrix replaced after a delta by a column-major tensor of the same shape,
+    dtype and values: the kernels write row-major tensors, so the next full version
+    lands in it as the reference writes it, element by element (not by the copy plan
+    made for the row-major tensor)."""
+    config, layout, source_kind = CASES[0]
+    source = _source(config, source_kind)
+    shard = sglang_shard(config, layout, rank=0)
+    versions = [_canonical(config, 0)]
+    versions += [_step(versions[-1], seed, 0.1) for seed in (1, 2)]
+    reference, routed = _pair(source, shard, versions[0])
+    name = next(n for n in shard.tensors if "qkv_proj" in n)
+    first = _delta(config, source, versions[0], versions[1])
+    second = encode_full(materialize(source, versions[2]), stream_id="s", version=3)
+    assert reference.receive(first).accepted
+    with kernels():
+        assert routed.receive(first).accepted
+    for receiver in (reference, routed):
+        held = receiver.weights[name]
+        strided = torch.empty_strided(held.shape, (1, held.shape[0]), dtype=held.dtype,
+                                      device=held.device)
+        receiver.weights[name] = strided.copy_(held)
+    assert reference.receive(second).accepted
+    with kernels():
+        staged = routed.stage(routed.weights, decode(second, device=DEVICE)).entries
+        assert StagedCopies not in [type(s) for s in staged]
+        assert routed.receive(second).accepted
+    assert not routed.weights[name].is_contiguous()
+    assert first_difference(reference.weights, _cpu(routed.weights)) is None

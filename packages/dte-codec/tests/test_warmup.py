@@ -115,7 +115,6 @@ def test_syncs_after_warm_up_need_no_other_specialisation(warmed, spied):
     with kernels():
         _syncs(torch.device(DEVICE))
     assert set() == spied.keys - warmed.keys
-    assert {name for name, _ in warmed.keys} >= {name for name, _ in spied.keys}
 
 
 def _sizes(device: torch.device) -> dict[str, torch.Tensor]:

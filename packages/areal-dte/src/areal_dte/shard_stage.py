@@ -179,9 +179,8 @@ class ShardStage:
         (``dte_codec.routes``); None where they do not, or give way to the reference.
         A payload decoded in one body on the weights' device is read from it
         (``Payload.flat``), with no per-entry tensors."""
-        device = next(iter(weights.values())).device if weights else None
-        if device is None or not fused(device) or any(
-                t.device != device for t in weights.values()):
+        device = self._local(weights).device
+        if device is None or not fused(device):
             return None
         flat = payload.flat
         if flat is not None and flat.body.device == device:
@@ -265,19 +264,23 @@ class ShardStage:
         return None if plan is None else StagedCopies(plan, raws, weights)
 
     def _local(self, weights: Mapping[str, torch.Tensor]) -> _Local:
-        """The local tensors as this payload finds them; the copy plans are dropped
-        when their names, shapes or dtypes change (a tensor replaced or resized)."""
+        """The local tensors as this payload finds them; the copy plans and routes are
+        dropped when their names, shapes, dtypes or strides change (a tensor replaced,
+        resized or retyped). The kernels write row-major tensors: with a strided one
+        among them there is no device, and the reference writes."""
         names, tensors = tuple(weights), tuple(weights.values())
-        layout = [(t.shape, t.dtype) for t in tensors]
+        layout = [(t.shape, t.dtype, t.stride()) for t in tensors]
         addresses = tuple(map(torch.Tensor.data_ptr, tensors))
         held = self._held[0] if self._held else None
         if held is None or (held.names, held.layout, held.addresses) != (names, layout,
                                                                           addresses):
             if held is not None and (held.names, held.layout) != (names, layout):
                 self._plans.clear()
+                self._routes.clear()
             devices = {t.device for t in tensors}
+            row_major = all(t.is_contiguous() for t in tensors)
             held = _Local(names, layout, addresses,
-                          devices.pop() if len(devices) == 1 else None,
+                          devices.pop() if len(devices) == 1 and row_major else None,
                           not any(a % WORD_BYTES for a in addresses))
             self._held[:] = [held]
         return held
@@ -305,7 +308,7 @@ class _Local:
     shapes, dtypes, the device) and whether they all start on a word."""
 
     names: tuple[str, ...]
-    layout: list[tuple[torch.Size, torch.dtype]]
+    layout: list[tuple[torch.Size, torch.dtype, tuple[int, ...]]]
     addresses: tuple[int, ...]
     device: torch.device | None
     """Where every local tensor lives; None when there are none or several devices."""

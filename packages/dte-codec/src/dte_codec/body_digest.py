@@ -95,7 +95,8 @@ class BodyRuns:
     def of(cls, segments: tuple[torch.Tensor, ...]) -> BodyRuns:
         """The runs of ``segments``, the kept ones when the last body of several segments
         sat at the same places (its views hold their memory, so the same places are the
-        same memory; a delta's single segment is not kept: it is new every sync)."""
+        same memory). One body is kept: a batched delta's single segment is never kept
+        (it is new every sync); a per-tensor delta's sections are, until the next body."""
         if len(segments) < 2:
             return cls(segments)
         places = tuple((s.data_ptr(), s.numel(), s.device) for s in segments)
