@@ -22,7 +22,7 @@ from .bits import BYTE_BITS
 from .entry_pack import FIELDS
 from .fields import host_table
 from .header import (ALIGNMENT, INDEX32_LIMIT, RESIDUE_DTYPES, Entry, IndexEncoding,
-                     ValueEncoding)
+                     ValueEncoding, index_itemsizes)
 
 _NONE = np.iinfo(np.int64).max
 """The size of a candidate that is not allowed."""
@@ -50,11 +50,6 @@ def _ceil8(x: np.ndarray) -> np.ndarray:
     return -(-x // BYTE_BITS)
 
 
-def _index_itemsize(limit: np.ndarray) -> np.ndarray:
-    """``header.index_itemsize`` per element."""
-    return np.where(limit < INDEX32_LIMIT, 4, 8)
-
-
 @attrs.frozen
 class IndexChoice:
     encoding: np.ndarray
@@ -73,7 +68,7 @@ def choose_index_encodings(count: np.ndarray, numel: np.ndarray, *,
                            gap_escapes: np.ndarray) -> IndexChoice:
     """Per tensor, the smallest index encoding from sizes alone; ties go to INT32/INT64,
     then GAP8, then ELIAS_FANO, then BITMAP (the first smallest candidate)."""
-    size = _index_itemsize(numel)
+    size = index_itemsizes(numel)
     raw = count * size
     low = np.maximum(_bit_length(numel // np.maximum(count, 1)) - 1, 0)
     upper_bits = count + ((numel - 1) >> low) + 1
@@ -96,7 +91,7 @@ def choose_value_encodings(count: np.ndarray, itemsize: np.ndarray, residue: np.
     bins = hist.shape[1]
     width = np.arange(1, max(bins, 1), dtype=np.int64)
     covered = np.cumsum(hist[:, 1:], axis=1)
-    escape = (_index_itemsize(count) + itemsize)[:, None]
+    escape = (index_itemsizes(count) + itemsize)[:, None]
     sizes = _ceil8(covered * width) + (count[:, None] - covered) * escape
     sizes = np.where(width < itemsize[:, None] * BYTE_BITS, sizes, _NONE)
     best = np.concatenate([(count * itemsize)[:, None], sizes], 1).argmin(1)
@@ -237,7 +232,7 @@ def _section_sizes(count: np.ndarray, table: TensorTable, index: IndexChoice,
                    value: ValueChoice) -> np.ndarray:
     """``Entry.section_sizes`` of every sparse entry, in ``_SECTIONS`` slots (bytes)."""
     enc, low = index.encoding, index.width
-    size = _index_itemsize(table.numel)
+    size = index_itemsizes(table.numel)
     upper_bits = count + ((np.maximum(table.numel, 1) - 1) >> low) + 1
     is_gap, is_ef = enc == _GAP8, enc == _ELIAS_FANO
     first = np.select([enc == _BITMAP, is_gap, is_ef],
@@ -249,7 +244,7 @@ def _section_sizes(count: np.ndarray, table: TensorTable, index: IndexChoice,
     return np.stack([first, second,
                      np.where(residue, _ceil8((count - escapes) * value.width),
                               count * table.itemsize),
-                     escapes * _index_itemsize(count), escapes * table.itemsize], 1)
+                     escapes * index_itemsizes(count), escapes * table.itemsize], 1)
 
 
 def _columns(count: np.ndarray, table: TensorTable, index: IndexChoice, value: ValueChoice,
@@ -257,7 +252,7 @@ def _columns(count: np.ndarray, table: TensorTable, index: IndexChoice, value: V
     """``Layout.COLUMNS`` of every entry; ``starts``: section starts in bits."""
     enc, item_bits = index.encoding, table.itemsize * BYTE_BITS
     sparse = ~dense
-    raw_bits = _index_itemsize(table.numel) * BYTE_BITS
+    raw_bits = index_itemsizes(table.numel) * BYTE_BITS
     is_bitmap = enc == _BITMAP
     width = np.select([is_bitmap, enc == _GAP8, enc == _ELIAS_FANO],
                       [1, BYTE_BITS, index.width], raw_bits)
@@ -270,7 +265,7 @@ def _columns(count: np.ndarray, table: TensorTable, index: IndexChoice, value: V
         width * sparse, np.where(two, starts[:, 1], first), raw_bits * sparse, index.width,
         np.where(dense, -1, value.encoding), value.width, fields,
         np.where(residue, starts[:, 3], fields),
-        _index_itemsize(count) * BYTE_BITS * sparse, np.where(residue, starts[:, 4], fields))])
+        index_itemsizes(count) * BYTE_BITS * sparse, np.where(residue, starts[:, 4], fields))])
 
 
 def _entries(table: TensorTable, count: np.ndarray, index: IndexChoice,

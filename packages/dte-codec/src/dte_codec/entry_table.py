@@ -19,7 +19,7 @@ import attrs
 import numpy as np
 
 from .header import (ALIGNMENT, BOX_FIELD_BYTES, INDEX32_LIMIT, MAX_NDIM, RESIDUE_DTYPES, Entry,
-                     IndexEncoding, Kind, ValueEncoding)
+                     IndexEncoding, Kind, ValueEncoding, index_itemsizes)
 
 EXACT_NUMEL = 2**40
 """Largest tensor (exclusive) whose section sizes the columns compute: every size and
@@ -144,7 +144,7 @@ def _slots(c: dict[str, np.ndarray]) -> np.ndarray:
     """(entries, 5) section sizes: two index sections, then three value sections, -1
     where an entry has no such section."""
     n, numel, ie, width = c["count"], c["numel"], c["index_encoding"], c["index_width"]
-    index_isz = np.where(numel < INDEX32_LIMIT, 4, 8)
+    index_isz = index_itemsizes(numel)
     ef_upper = n + ((np.maximum(numel, 1) - 1) >> width) + 1
     first = np.select(
         [ie == IndexEncoding.DENSE, ie == IndexEncoding.INT32, ie == IndexEncoding.INT64,
@@ -157,5 +157,5 @@ def _slots(c: dict[str, np.ndarray]) -> np.ndarray:
     esc, itemsize = c["value_escapes"], c["itemsize"]
     fields = -(-((n - esc) * c["value_width"]) // 8)
     return np.stack([first, second, np.where(residue, fields, n * itemsize),
-                     np.where(residue, esc * np.where(n < INDEX32_LIMIT, 4, 8), -1),
+                     np.where(residue, esc * index_itemsizes(n), -1),
                      np.where(residue, esc * itemsize, -1)], axis=1)

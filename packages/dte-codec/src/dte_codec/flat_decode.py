@@ -10,9 +10,10 @@ escape positions) becomes a count of failures on the device; ``FlatIndices.valid
 reads them with one host synchronization. When a check fails, the caller decodes entry
 by entry to raise the reference's error. Where the kernels run (``dispatch.fused``) the
 index work and the escape-position check are a handful of Triton launches instead
-(``decode_kernel``), same indices and same failure counts. On the host, the header's entry table already holds every field and
-section offset as numpy columns (``Header.columns``, ``Sections.offsets``); the entry
-tables are array arithmetic from there (``_Layout``), no Python per entry.
+(``decode_kernel``), same indices and same failure counts. On the host, the header's
+entry table already holds every field and section offset as numpy columns
+(``Header.columns``, ``Sections.offsets``); the entry tables are array arithmetic from
+there (``_Layout``), no Python per entry.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import torch
 from .bits import BYTE_BITS
 from .dispatch import fused
 from .fields import Segments, host_table, read_fields
-from .header import INDEX32_LIMIT, Header, IndexEncoding, ValueEncoding
+from .header import INDEX32_LIMIT, Header, IndexEncoding, ValueEncoding, index_itemsizes
 from .indices import GAP_ESCAPE, MAX_GAP_BYTE
 
 SPARSE = frozenset({IndexEncoding.INT32, IndexEncoding.INT64, IndexEncoding.BITMAP,
@@ -247,10 +248,10 @@ def _escape_failures(layout: _Layout, words: torch.Tensor) -> torch.Tensor:
         from .decode_kernel import escape_failures
         return escape_failures(layout.value_escapes[pick],
                                words.data_ptr() + layout.positions[pick] // BYTE_BITS,
-                               np.where(count < INDEX32_LIMIT, 4, 8), count, words.device)
+                               index_itemsizes(count), count, words.device)
     segs = Segments.of(layout.value_escapes[pick].tolist(), words.device)
     table = host_table(np.stack([count, layout.positions[pick],
-                                 np.where(count < INDEX32_LIMIT, 32, 64)]), words.device)
+                                 index_itemsizes(count) * BYTE_BITS]), words.device)
     count, start, bits = (segs.spread(table[k]) for k in range(3))
     positions = read_fields(words, start + segs.rank * bits, bits)
     previous = segs.previous(positions, -1)

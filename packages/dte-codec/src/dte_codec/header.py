@@ -15,6 +15,7 @@ import struct
 from typing import TYPE_CHECKING
 
 import attrs
+import numpy as np
 import torch
 import xxhash
 
@@ -94,6 +95,11 @@ def align(size: int) -> int:
 def index_itemsize(limit: int) -> int:
     """Bytes per index or position into a sequence of ``limit`` elements."""
     return 4 if limit < INDEX32_LIMIT else 8
+
+
+def index_itemsizes(limits: np.ndarray) -> np.ndarray:
+    """``index_itemsize`` of every limit in an array."""
+    return np.where(limits < INDEX32_LIMIT, 4, 8)
 
 
 @attrs.frozen(kw_only=True, cache_hash=True)

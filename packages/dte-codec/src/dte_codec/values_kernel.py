@@ -24,7 +24,7 @@ import triton.language as tl
 from .dispatch import on_device
 from .fields import block_segments, host_table
 from .flat_values import Residues, Resolved
-from .header import INDEX32_LIMIT, Entry
+from .header import Entry, index_itemsizes
 from .kernel_bits import (column, flags_before, from_order_key, get_fields, load_int, order_key,
                           owned_block, store_int, width_mask)
 
@@ -123,7 +123,7 @@ def _resolve_all(r: Residues, device: torch.device) -> Resolved:
     table = host_table(np.stack([
         _starts(blocks), _starts(r.escapes), r.fields_at,
         np.maximum(-(-r.fields_bytes // 8) - 1, 0), r.width, r.positions_at,
-        np.where(r.count < INDEX32_LIMIT, 4, 8), r.raw_at, r.itemsize, r.base_at,
+        index_itemsizes(r.count), r.raw_at, r.itemsize, r.base_at,
         out.data_ptr() + offsets, r.count, r.escapes, _starts(escape_blocks), blocks,
         escape_blocks]), device)
     segments = r.count.size
