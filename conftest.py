@@ -1,4 +1,5 @@
-"""Hypothesis profiles for the whole workspace, chosen with HYPOTHESIS_PROFILE.
+"""Hypothesis profiles for the whole workspace, chosen with HYPOTHESIS_PROFILE, and the
+order the tests are handed out in.
 
 ``ci`` (the default) keeps the default test run within the CI budget; ``dev`` is a quick
 local loop; ``nightly`` is the long profile documented in the README.
@@ -14,3 +15,10 @@ settings.register_profile("ci", max_examples=40, deadline=None, derandomize=True
 settings.register_profile("nightly", max_examples=2000, deadline=None,
                           suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+
+def pytest_collection_modifyitems(items):
+    """Tests marked ``processes`` (each starts Python processes: tens of seconds) first,
+    the rest in collection order: under ``pytest -n`` the workers then end on short tests
+    together instead of one of them running the long ones alone at the end."""
+    items.sort(key=lambda item: item.get_closest_marker("processes") is None)

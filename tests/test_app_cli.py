@@ -8,8 +8,11 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 from gsm8k_separation.cli import main
 from gsm8k_separation.inputs import claim_out
+
+pytestmark = pytest.mark.processes
 
 ROOT = Path(__file__).resolve().parents[1]
 APP = ROOT / "apps/gsm8k_separation"

@@ -18,6 +18,8 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file
 
+pytestmark = [pytest.mark.processes, pytest.mark.xdist_group("app_e2e")]
+
 ROOT = Path(__file__).resolve().parents[1]
 GSM8K = Path(__file__).resolve().parents[2] / "shared/data/gsm8k"
 TRAIN = GSM8K / "train.jsonl"

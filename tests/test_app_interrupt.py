@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.processes
+
 ROOT = Path(__file__).resolve().parents[1]
 APP = ROOT / "apps/gsm8k_separation"
 TRAIN = ROOT.parent / "shared/data/gsm8k/train.jsonl"

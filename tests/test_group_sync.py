@@ -13,7 +13,7 @@ from dte_codec.megatron_layout import MegatronLayout
 from dte_codec.sglang_layout import SGLangLayout
 from group_worker import Case, finish, rendezvous, run
 
-pytestmark = pytest.mark.distributed
+pytestmark = [pytest.mark.distributed, pytest.mark.processes]
 
 DENSE = ModelConfig(vocab=64, hidden=16, layers=2, heads=4, kv_heads=2, head_dim=4,
                     intermediate=32)

@@ -10,7 +10,7 @@ import pytest
 from group_worker import rendezvous
 from two_round_worker import rank_main
 
-pytestmark = pytest.mark.distributed
+pytestmark = [pytest.mark.distributed, pytest.mark.processes]
 
 
 @pytest.mark.parametrize("world", [3, 5])

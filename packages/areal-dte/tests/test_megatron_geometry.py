@@ -12,7 +12,7 @@ import pytest
 from group_worker import finish, rendezvous
 from megatron_world import DENSE, MOE, run, run_union
 
-pytestmark = [pytest.mark.megatron, pytest.mark.distributed]
+pytestmark = [pytest.mark.megatron, pytest.mark.distributed, pytest.mark.processes]
 
 
 def spawn(target, world: int, *args, tmp_path) -> None:

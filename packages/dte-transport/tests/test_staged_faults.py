@@ -7,10 +7,13 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
 import torch
 from dte_codec import encode_delta, encode_full
 from dte_detector import diff
 from dte_transport import Receiver, Sender, StagedLink, StagedReader
+
+pytestmark = pytest.mark.processes
 
 STREAM = "stream-a"
 BITS = {2: torch.int16, 4: torch.int32}
