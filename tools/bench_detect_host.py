@@ -20,7 +20,7 @@ import time
 
 import torch
 
-from dte_detector import batch, dispatch, inversion_kernel
+from dte_detector import batch, changes, dispatch, inversion_kernel
 from dte_detector.inversion import AdamWStep
 from dte_detector.steps import AdamWSteps
 from dte_detector.torch_adamw import AdamWState
@@ -30,7 +30,10 @@ def _front(flats, hypers, dtypes, *, guard_ulps):
     """``invert_batch`` up to its first launch: configurations and the plan."""
     keys = [(*inversion_kernel._config(h, guard_ulps), d) for h, d in zip(hypers, dtypes)]
     batch.plan(flats, keys, tile_elements=inversion_kernel.ROWS * 8)
-    return [None] * len(flats)
+    if not hasattr(changes, "ChangeRun"):  # an older tree: a change set per tensor
+        return [None] * len(flats)
+    empty = torch.empty(0)
+    return [changes.ChangeRun(tuple(range(len(flats))), (0,) * len(flats), empty, empty, empty)]
 
 
 def main() -> None:

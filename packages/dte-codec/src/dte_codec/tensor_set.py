@@ -13,7 +13,7 @@ nothing here, since nothing here depends on them.
 from __future__ import annotations
 
 import functools
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import attrs
 import numpy as np
@@ -77,6 +77,16 @@ class TensorSet:
     @functools.cached_property
     def contiguous(self) -> bool:
         return all(self.key.contiguous)
+
+    @functools.cached_property
+    def row(self) -> dict[str, int]:
+        """Each tensor's position, by name."""
+        return {name: r for r, name in enumerate(self.table.names)}
+
+    def rows(self, names: Sequence[str]) -> np.ndarray:
+        """The positions of tensors ``names``."""
+        row = self.row
+        return np.fromiter((row[name] for name in names), np.int64, len(names))
 
     @functools.cached_property
     def templates(self) -> EntryTemplates:
