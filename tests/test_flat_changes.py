@@ -15,6 +15,7 @@ import pytest
 import torch
 from kernel_mode import CUDA, DEVICE, kernels
 
+from dte_codec.change_table import changed_elements
 from dte_codec.encode import encode_delta_batched, encode_delta_per_tensor
 from dte_codec.errors import EncodeError
 from dte_codec.flat_encode import encode_delta_flat
@@ -54,7 +55,7 @@ def _weights(masters: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 
 def _assert_forms_agree(model: dict[str, torch.Tensor], flat: FlatChanges) -> None:
     """Flat form, per-tensor form and the reference: the same bytes; the flat form read
-    as runs, not sent down the reference path."""
+    as runs, not sent down the reference path; the same count of changed elements."""
     assert flat.runs and flat.loose
     one_by_one = {name: flat[name] for name in flat}
     with kernels():
@@ -67,6 +68,7 @@ def _assert_forms_agree(model: dict[str, torch.Tensor], flat: FlatChanges) -> No
     assert bytes(reference) == bytes(as_sets)
     assert bytes(reference) == bytes(as_runs)
     assert len(Header.unpack(memoryview(bytes(reference)))[0].entries) >= 3
+    assert sum(len(c) for c in one_by_one.values()) == changed_elements(flat)
 
 
 def test_adamw_runs_encode_as_the_change_sets():

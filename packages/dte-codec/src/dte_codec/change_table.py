@@ -12,6 +12,7 @@ tensor. Change sets given one by one (any other ``Mapping``, and a ``FlatChanges
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Protocol
 
@@ -43,12 +44,40 @@ def parts(changes: Mapping[str, ChangeSet]) -> tuple[Sequence[ChangeRun], Mappin
     return (runs, changes.loose) if runs else ((), changes)
 
 
-def change_counts(known: TensorSet, runs: Sequence[ChangeRun],
-                  loose: Mapping[str, ChangeSet]) -> np.ndarray:
+@attrs.frozen(eq=False)
+class Members:
+    """Every member of a sync's runs, in run order, as columns."""
+
+    runs: Sequence[ChangeRun]
+    at: np.ndarray
+    """Its tensor's position in the set."""
+    count: np.ndarray
+    start: np.ndarray
+    """Its first entry in its run's buffers."""
+    run: np.ndarray
+    """Its run's position in ``runs``."""
+
+    @classmethod
+    def of(cls, known: TensorSet, runs: Sequence[ChangeRun]) -> Members | None:
+        """The members of ``runs``, or None when a run's counts do not match its names."""
+        if any(len(run.counts) != len(run.names) or len(run.starts) != len(run.names)
+               for run in runs):
+            return None
+        names = [name for run in runs for name in run.names]
+        sizes = [len(run.names) for run in runs]
+
+        def column(field: str) -> np.ndarray:
+            return np.fromiter(itertools.chain.from_iterable(getattr(run, field) for run in runs),
+                               np.int64, len(names))
+        return cls(runs, known.rows(names), column("counts"), column("starts"),
+                   np.repeat(np.arange(len(runs)), sizes))
+
+
+def change_counts(known: TensorSet, members: Members, loose: Mapping[str, ChangeSet]
+                  ) -> np.ndarray:
     """Per tensor of ``known``, how many elements its change set holds."""
     count = np.zeros(len(known.names), np.int64)
-    for run in runs:
-        count[known.rows(run.names)] = run.counts
+    count[members.at] = members.count
     if loose:
         count[known.rows(list(loose))] = [c.indices.numel() for c in loose.values()]
     return count
@@ -67,47 +96,52 @@ class ChangeTable:
     """The tensors the addresses point into: kept alive until the kernels are queued."""
 
     @classmethod
-    def of(cls, known: TensorSet, runs: Sequence[ChangeRun], loose: Mapping[str, ChangeSet],
+    def of(cls, known: TensorSet, members: Members, loose: Mapping[str, ChangeSet],
            count: np.ndarray, device: torch.device) -> ChangeTable | None:
         """The table of change sets whose counts are ``count`` (``change_counts``), or
         None when one does not fit its tensor (wrong dtype, length or device, checked
         here without reading a device value); the caller then takes the reference path,
         which raises the error."""
         columns = np.zeros((4, len(known.names)), np.int64)
-        keep: list[object] = []
-        for run in runs:
-            at = known.rows(run.names)
-            if not _run_fits(run, {known.table.dtypes[r] for r in at.tolist()}, device):
+        runs = members.runs
+        if runs:
+            if not all(_run_fits(run, device) for run in runs):
                 return None
-            starts = np.array(run.starts, np.int64)
-            size, item = run.indices.element_size(), run.base_low.element_size()
-            columns[:, at] = [run.indices.data_ptr() + starts * size, np.full_like(starts, size),
-                              run.base_low.data_ptr() + starts * item,
-                              run.base_high.data_ptr() + starts * item]
-            keep.append(run)
-        row = known.row
+            expected = np.array([known.dtype_ids.get(run.base_low.dtype, -1) for run in runs])
+            if (known.dtype_column[members.at] != expected[members.run]).any():
+                return None  # bounds in another dtype than their tensor's
+            base = np.array([(run.indices.data_ptr(), run.indices.element_size(),
+                              run.base_low.data_ptr(), run.base_high.data_ptr(),
+                              run.base_low.element_size()) for run in runs], np.int64)
+            index_at, size, low_at, high_at, item = base[members.run].T
+            start = members.start
+            columns[:, members.at] = [index_at + start * size, size, low_at + start * item,
+                                      high_at + start * item]
+        keep: list[object] = list(runs)
+        row, dtypes = known.row, known.table.dtypes
+        at, found = [], []
         for name, change in loose.items():
             r = row[name]
             if count[r]:
-                if not _bounds_fit(known.table.dtypes[r], int(count[r]), change):
+                if not _bounds_fit(dtypes[r], int(count[r]), change):
                     return None
                 indices = _indices(change, device)
                 low, high = _in_place(change.base_low, device), _in_place(change.base_high, device)
-                columns[:, r] = [indices.data_ptr(), indices.element_size(), low.data_ptr(),
-                                 high.data_ptr()]
+                at.append(r)
+                found += [indices.data_ptr(), indices.element_size(), low.data_ptr(),
+                          high.data_ptr()]
                 keep.append((indices, low, high))
+        if at:
+            columns[:, at] = np.array(found, np.int64).reshape(-1, 4).T
         return cls(*columns, tuple(keep))
 
 
-def _run_fits(run: ChangeRun, dtypes: set[torch.dtype], device: torch.device) -> bool:
-    """A run's buffers lie flat on ``device`` and hold every member's change set, its
-    bounds in the members' one dtype (the per-tensor checks of ``_bounds_fit`` and
-    ``_indices``, made once)."""
+def _run_fits(run: ChangeRun, device: torch.device) -> bool:
+    """A run's buffers lie flat on ``device`` and hold every member's change set (the
+    per-tensor checks of ``_bounds_fit`` and ``_indices`` but the dtype, made once)."""
     total = sum(run.counts)
-    if len(run.counts) != len(run.names) or len(dtypes) > 1:
-        return False
     index, low, high = run.indices, run.base_low, run.base_high
-    return (index.dtype in _INDEX_DTYPES and low.dtype in dtypes and high.dtype == low.dtype
+    return (index.dtype in _INDEX_DTYPES and high.dtype == low.dtype
             and all(t.shape == (total,) and t.device == device and t.is_contiguous()
                     for t in (index, low, high)))
 
@@ -137,3 +171,11 @@ def _indices(change: ChangeSet, device: torch.device) -> torch.Tensor:
     if indices.dtype not in _INDEX_DTYPES:
         indices = indices.to(torch.int64)
     return _in_place(indices, device)
+
+
+def changed_elements(changes: Mapping[str, ChangeSet]) -> int:
+    """How many elements ``changes`` hold in all (a run's from its counts, with no view
+    built per tensor)."""
+    runs, loose = parts(changes)
+    return (sum(sum(run.counts) for run in runs)
+            + sum(c.indices.numel() for c in loose.values()))

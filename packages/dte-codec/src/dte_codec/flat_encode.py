@@ -37,7 +37,7 @@ import numpy as np
 import torch
 
 from .bits import BYTE_BITS, bit_length, order_keys_by_width, width_mask
-from .change_table import ChangeTable, bounds_fit, change_counts, parts
+from .change_table import ChangeTable, Members, bounds_fit, change_counts, parts
 from .body_digest import body_digest
 from .dispatch import fused
 from .encode_plan import Layout, plan
@@ -64,7 +64,10 @@ def encode_delta_flat(tensors: Mapping[str, torch.Tensor], changes: Mapping[str,
     (``change_table.parts``) are read as runs, with the same bytes."""
     known = tensor_set(tensors)
     runs, loose = parts(changes)
-    counts = change_counts(known, runs, loose)
+    members = Members.of(known, runs)
+    if members is None:
+        return None
+    counts = change_counts(known, members, loose)
     rows = np.flatnonzero(counts)
     if not len(rows):
         return seal(checked_header([], stream_id=stream_id, kind=Kind.DELTA,
@@ -76,7 +79,7 @@ def encode_delta_flat(tensors: Mapping[str, torch.Tensor], changes: Mapping[str,
         return None
     device = devices.pop()
     weights = list(tensors.values())
-    flat = _flat(known, rows, counts, changes, [weights[r] for r in picked], device)
+    flat = _flat(known, rows, counts, changes, members, [weights[r] for r in picked], device)
     if flat is None:
         return None
     bits = known.bits[rows][known.table.residue[rows]]
@@ -104,13 +107,13 @@ def encode_delta_flat(tensors: Mapping[str, torch.Tensor], changes: Mapping[str,
 
 
 def _flat(known: TensorSet, rows: np.ndarray, counts: np.ndarray,
-          changes: Mapping[str, ChangeSet], weights: list[torch.Tensor],
+          changes: Mapping[str, ChangeSet], members: Members, weights: list[torch.Tensor],
           device: torch.device) -> TorchFlat | FusedFlat | None:
     """The fused kernels where they run (``dispatch.fused``), else the torch ops; None
     when a change set does not fit its tensor."""
     if fused(device):
         from .encode_kernel import FusedFlat
-        found = ChangeTable.of(known, *parts(changes), counts, device)
+        found = ChangeTable.of(known, members, parts(changes)[1], counts, device)
         return None if found is None else FusedFlat(known, rows, counts[rows], found, weights,
                                                     device)
     picked = rows.tolist()

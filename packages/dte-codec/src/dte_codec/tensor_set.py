@@ -79,6 +79,17 @@ class TensorSet:
         return all(self.key.contiguous)
 
     @functools.cached_property
+    def dtype_ids(self) -> dict[torch.dtype, int]:
+        """A number per dtype of the set."""
+        return {dtype: k for k, dtype in enumerate(dict.fromkeys(self.table.dtypes))}
+
+    @functools.cached_property
+    def dtype_column(self) -> np.ndarray:
+        """Per tensor, its dtype's number (``dtype_ids``)."""
+        ids = self.dtype_ids
+        return np.array([ids[dtype] for dtype in self.table.dtypes], np.int64)
+
+    @functools.cached_property
     def row(self) -> dict[str, int]:
         """Each tensor's position, by name."""
         return {name: r for r, name in enumerate(self.table.names)}
