@@ -40,6 +40,7 @@ from .bits import BYTE_BITS, bit_length, order_keys_by_width, width_mask
 from .change_table import ChangeTable, Members, bounds_fit, change_counts, parts
 from .body_digest import body_digest
 from .dispatch import fused
+from .errors import EncodeError
 from .encode_plan import Layout, plan
 from .fields import Body, Segments, host_table
 from .header import RESIDUE_DTYPES, IndexEncoding, Kind, ValueEncoding, pack_head
@@ -85,15 +86,21 @@ def encode_delta_flat(tensors: Mapping[str, torch.Tensor], changes: Mapping[str,
     bits = known.bits[rows][known.table.residue[rows]]
     bins = int(bits.max()) if len(bits) else 0
     pending = flat.stats(bins)
-    table, templates = known.table.take(rows), known.templates  # while the device counts
+    # while the device counts: what needs no statistics
+    table, templates = known.table.take(rows), known.templates
+    try:  # raised after the statistics, as the reference reports bad indices first
+        header, bad_header = checked_header([], stream_id=stream_id, kind=Kind.DELTA,
+                                            base_version=base_version, version=version), None
+    except EncodeError as error:
+        header, bad_header = None, error
     stats = pending.cpu().numpy()  # host sync 1 of 2
     segments = len(picked)
     if stats[segments:2 * segments].any():  # invalid indices
         return None
+    if bad_header is not None:
+        raise bad_header
     chosen = plan(table, count, gap_escapes=stats[:segments],
                   hist=stats[2 * segments:].reshape(segments, bins), device=device)
-    header = checked_header([], stream_id=stream_id, kind=Kind.DELTA, base_version=base_version,
-                            version=version)
     body = flat.write(chosen.layout)
     for s in np.flatnonzero(chosen.layout.dense_offsets >= 0).tolist():
         offset = int(chosen.layout.dense_offsets[s])
