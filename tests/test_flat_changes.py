@@ -172,3 +172,21 @@ def test_a_run_that_does_not_fit_raises_the_reference_error():
         encode_delta_per_tensor(model, {n: bad[n] for n in bad}, stream_id="s",
                                 base_version=1, version=2)
     assert str(sets_error.value) == str(flat_error.value)
+
+
+def test_a_tensor_retyped_after_a_sync_fails_its_run():
+    """The tensor set's dtype column follows a tensor replaced by one of another dtype:
+    the run's bf16 bounds no longer fit it, and the encoder raises the reference's
+    error instead of reading bounds of the wrong width."""
+    model = _weights(_masters())
+    flat = _int64_runs(model)
+    with kernels():
+        assert encode_delta_flat(model, flat, stream_id="s", base_version=1, version=2)
+        model["proj"] = model["proj"].half()
+        assert encode_delta_flat(model, flat, stream_id="s", base_version=2, version=3) is None
+        with pytest.raises(EncodeError) as flat_error:
+            encode_delta_batched(model, flat, stream_id="s", base_version=2, version=3)
+    with pytest.raises(EncodeError) as sets_error:
+        encode_delta_per_tensor(model, {n: flat[n] for n in flat}, stream_id="s",
+                                base_version=2, version=3)
+    assert str(sets_error.value) == str(flat_error.value)

@@ -107,6 +107,7 @@ def test_flat_changes_read_as_per_tensor_change_sets():
     assert [1, 4] == flat["b"].indices.tolist()
     assert [2.5] == flat["b"].base_high[1:].tolist()
     assert 0 == len(flat["c"])
+    assert flat["b"] is flat["b"]  # built once
     assert ([0], [3.0], [3.5]) == tuple(t.tolist() for t in attrs.astuple(flat["d"],
                                                                           recurse=False))
     with pytest.raises(KeyError):

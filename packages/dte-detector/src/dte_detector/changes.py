@@ -87,7 +87,7 @@ class ChangeRun:
 class FlatChanges(Mapping[str, ChangeSet]):
     """Per tensor name its ``ChangeSet``, as a batched detection found them: the members
     of ``runs`` as views of the runs' buffers, the others (``loose``) one by one. Reading
-    a member builds its views; an encoder that knows runs reads ``runs`` and ``loose``
+    a member builds its views (once); an encoder that knows runs reads ``runs`` and ``loose``
     instead (``dte_codec``'s flat encoder), and sends the same bytes.
 
     Args:
@@ -102,15 +102,19 @@ class FlatChanges(Mapping[str, ChangeSet]):
         self.loose = dict(loose)
         self._names = tuple(names)
         self._members = {name: (run, k) for run in self.runs for k, name in enumerate(run.names)}
+        self._built: dict[str, ChangeSet] = {}
+        """The views read so far: a caller reading a name again gets the same object."""
         assert len(self._members) + len(self.loose) == len(self._names), \
             "every name in exactly one run or loose"
 
     def __getitem__(self, name: str) -> ChangeSet:
         found = self.loose.get(name)
-        if found is not None:
-            return found
-        run, member = self._members[name]
-        return run.change_set(member)
+        if found is None:
+            found = self._built.get(name)
+        if found is None:
+            run, member = self._members[name]
+            found = self._built[name] = run.change_set(member)
+        return found
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._names)
