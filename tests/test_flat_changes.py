@@ -155,6 +155,20 @@ def test_int64_index_runs_encode_as_the_change_sets():
     _assert_forms_agree(model, _int64_runs(model))
 
 
+def _assert_same_error(model: dict[str, torch.Tensor], flat: FlatChanges, base: int) -> None:
+    """The flat form goes down the reference path and raises the per-tensor form's error."""
+    with kernels():
+        assert encode_delta_flat(model, flat, stream_id="s", base_version=base,
+                                 version=base + 1) is None
+        with pytest.raises(EncodeError) as flat_error:
+            encode_delta_batched(model, flat, stream_id="s", base_version=base,
+                                 version=base + 1)
+    with pytest.raises(EncodeError) as sets_error:
+        encode_delta_per_tensor(model, {n: flat[n] for n in flat}, stream_id="s",
+                                base_version=base, version=base + 1)
+    assert str(sets_error.value) == str(flat_error.value)
+
+
 def test_a_run_that_does_not_fit_raises_the_reference_error():
     """Bounds of another dtype than the tensors': the per-tensor form's error, and the
     encoder takes the reference path for the flat form."""
@@ -164,14 +178,7 @@ def test_a_run_that_does_not_fit_raises_the_reference_error():
     bad = FlatChanges(tuple(model), [ChangeRun(run.names, run.counts, run.indices,
                                                run.base_low.half(), run.base_high.half())],
                       good.loose)
-    with kernels():
-        assert encode_delta_flat(model, bad, stream_id="s", base_version=1, version=2) is None
-        with pytest.raises(EncodeError) as flat_error:
-            encode_delta_batched(model, bad, stream_id="s", base_version=1, version=2)
-    with pytest.raises(EncodeError) as sets_error:
-        encode_delta_per_tensor(model, {n: bad[n] for n in bad}, stream_id="s",
-                                base_version=1, version=2)
-    assert str(sets_error.value) == str(flat_error.value)
+    _assert_same_error(model, bad, 1)
 
 
 def test_a_tensor_retyped_after_a_sync_fails_its_run():
@@ -182,11 +189,5 @@ def test_a_tensor_retyped_after_a_sync_fails_its_run():
     flat = _int64_runs(model)
     with kernels():
         assert encode_delta_flat(model, flat, stream_id="s", base_version=1, version=2)
-        model["proj"] = model["proj"].half()
-        assert encode_delta_flat(model, flat, stream_id="s", base_version=2, version=3) is None
-        with pytest.raises(EncodeError) as flat_error:
-            encode_delta_batched(model, flat, stream_id="s", base_version=2, version=3)
-    with pytest.raises(EncodeError) as sets_error:
-        encode_delta_per_tensor(model, {n: flat[n] for n in flat}, stream_id="s",
-                                base_version=2, version=3)
-    assert str(sets_error.value) == str(flat_error.value)
+    model["proj"] = model["proj"].half()
+    _assert_same_error(model, flat, 2)
