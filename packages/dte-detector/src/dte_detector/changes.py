@@ -104,7 +104,8 @@ class FlatChanges(Mapping[str, ChangeSet]):
         self._members = {name: (run, k) for run in self.runs for k, name in enumerate(run.names)}
         self._built: dict[str, ChangeSet] = {}
         """The views read so far: a caller reading a name again gets the same object."""
-        assert len(self._members) + len(self.loose) == len(self._names), \
+        assert (len(self._members) + len(self.loose) == len(self._names)
+                and self._members.keys().isdisjoint(self.loose)), \
             "every name in exactly one run or loose"
 
     def __getitem__(self, name: str) -> ChangeSet:
