@@ -37,11 +37,11 @@ import numpy as np
 import torch
 
 from .bits import BYTE_BITS, bit_length, order_keys_by_width, width_mask
-from .change_table import ChangeTable, Members, bounds_fit, change_counts, parts
 from .body_digest import body_digest
+from .change_table import ChangeTable, Members, bounds_fit, change_counts, parts
 from .dispatch import fused
-from .errors import EncodeError
 from .encode_plan import Layout, plan
+from .errors import EncodeError
 from .fields import Body, Segments, host_table
 from .header import RESIDUE_DTYPES, IndexEncoding, Kind, ValueEncoding, pack_head
 from .indices import MAX_GAP_BYTE
