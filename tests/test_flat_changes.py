@@ -191,3 +191,16 @@ def test_a_tensor_retyped_after_a_sync_fails_its_run():
         assert encode_delta_flat(model, flat, stream_id="s", base_version=1, version=2)
     model["proj"] = model["proj"].half()
     _assert_same_error(model, flat, 2)
+
+
+def test_a_run_with_an_index_out_of_range_raises_the_reference_error():
+    """An index past its tensor inside a run: found by the statistics, then the reference
+    path's error."""
+    model = _weights(_masters())
+    good = _int64_runs(model)
+    run = good.runs[0]
+    indices = run.indices.clone()
+    indices[run.starts[1]] = model[run.names[1]].numel()  # the second member's first index
+    bad = FlatChanges(tuple(model), [ChangeRun(run.names, run.counts, indices, run.base_low,
+                                               run.base_high)], good.loose)
+    _assert_same_error(model, bad, 1)
