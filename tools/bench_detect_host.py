@@ -1,13 +1,19 @@
-"""Host time in front of the fused inversion: what the GPU waits for before its first
-``_mark`` launch in a sync (``AdamWSteps.changes_all`` -> ``invert_adamw_all`` checks,
-per-tensor bookkeeping, kernel configurations and ``batch.plan``).
+"""Host time of the fused inversion's sync: ``AdamWSteps.changes_all`` with its kernels
+replaced, in two rows.
+
+- front: what the GPU waits for before its first ``_mark`` launch (``invert_adamw_all``
+  checks, per-tensor bookkeeping, kernel configurations and ``batch.plan``):
+  ``inversion_kernel.invert_batch`` is replaced by its host part up to the first launch.
+- whole: the whole call, ``invert_batch`` included (launch, pipelined sizing, each
+  group's finish and the change sets handed back), with the Triton launches replaced by
+  stand-ins (``_mark`` writes a fixed count per tile, ``_gather`` does nothing), over
+  ``--groups`` groups as a full-size model has (``batch.GROUP_ELEMENTS`` lowered).
 
 Runs on the CPU: the tensors are CPU tensors of the Qwen3-4B count (290 by default; the
-sizes do not matter, only the count), ``dispatch.kernels_for`` is made to answer yes and
-``inversion_kernel.invert_batch`` is replaced by its host part up to the first launch
-(the configurations and ``batch.plan``), so that the timing is the Python in front of
-the kernels and nothing else. Only names that ``main`` has too are used, so the same
-script times an older tree (``PYTHONPATH`` pointing at its ``src``) for before/after.
+sizes do not matter, only the count) and ``dispatch.kernels_for`` is made to answer yes,
+so that the timing is the Python around the kernels and nothing else. Only names that
+``main`` has had since the fused inversion landed are used, so the same script times an
+older tree (``PYTHONPATH`` pointing at its ``src``) for before/after.
 
     uv run python tools/bench_detect_host.py --tensors 290 --reps 50
 """
@@ -20,7 +26,7 @@ import time
 
 import torch
 
-from dte_detector import batch, dispatch, inversion_kernel
+from dte_detector import batch, changes, dispatch, inversion_kernel, staging
 from dte_detector.inversion import AdamWStep
 from dte_detector.steps import AdamWSteps
 from dte_detector.torch_adamw import AdamWState
@@ -30,20 +36,44 @@ def _front(flats, hypers, dtypes, *, guard_ulps):
     """``invert_batch`` up to its first launch: configurations and the plan."""
     keys = [(*inversion_kernel._config(h, guard_ulps), d) for h, d in zip(hypers, dtypes)]
     batch.plan(flats, keys, tile_elements=inversion_kernel.ROWS * 8)
-    return [None] * len(flats)
+    if not hasattr(changes, "ChangeRun"):  # an older tree: a change set per tensor
+        return [None] * len(flats)
+    empty = torch.empty(0)
+    return [changes.ChangeRun(tuple(range(len(flats))), (0,) * len(flats), empty, empty, empty)]
+
+
+class _Counts:
+    """Stands for ``_mark``: each tile's count of changed elements is ``count``."""
+
+    def __init__(self, count: int):
+        self.count = count
+
+    def __getitem__(self, grid):
+        def launch(*args, **kwargs):
+            args[7].fill_(self.count)  # the tile counts, after (p, m, v) and the group tables
+        return launch
+
+
+class _NoLaunch:
+    def __getitem__(self, grid):
+        return lambda *args, **kwargs: None
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tensors", type=int, default=290)
+    parser.add_argument("--groups", type=int, default=16)
     parser.add_argument("--reps", type=int, default=50)
     args = parser.parse_args()
-    inversion_kernel.invert_batch = _front
+    torch.set_num_threads(1)
+    whole = inversion_kernel.invert_batch
     dispatch.kernels_for = lambda *tensors, payload: True
+    inversion_kernel._mark, staging._gather = _Counts(2), _NoLaunch()
     steps = AdamWSteps(lambda param: [])
     params = [torch.zeros(64 if i % 3 else 8) for i in range(args.tensors)]
     moments = [(torch.zeros_like(p), torch.zeros_like(p)) for p in params]
     models = {f"w{i}": torch.zeros(p.shape, dtype=torch.bfloat16) for i, p in enumerate(params)}
+    batch.GROUP_ELEMENTS = sum(p.numel() for p in params) // args.groups
 
     def stepped(step: int) -> None:
         """The state after optimizer step ``step``, as ``AdamWSteps.record`` keeps it: new
@@ -53,17 +83,18 @@ def main() -> None:
             steps._stepped[f"w{i}"] = AdamWState(param, m, v, hyper)
             steps._synced[f"w{i}"] = step - 1
 
-    samples = []
-    for rep in range(args.reps + 3):
-        stepped(rep + 1)
-        start = time.perf_counter()
-        steps.changes_all(models)
-        samples.append((time.perf_counter() - start) * 1e3)
-    samples = samples[3:]
-    samples.sort()
-    print(f"| changes_all host front | {args.tensors} tensors | median "
-          f"{statistics.median(samples):.3f} ms | p90 {samples[int(0.9 * (len(samples) - 1))]:.3f}"
-          " ms |")
+    for label, invert in (("front", _front), ("whole", whole)):
+        inversion_kernel.invert_batch = invert
+        samples = []
+        for rep in range(args.reps + 3):
+            stepped(rep + 1)
+            start = time.perf_counter()
+            steps.changes_all(models)
+            samples.append((time.perf_counter() - start) * 1e3)
+        samples = sorted(samples[3:])
+        print(f"| changes_all host {label} | {args.tensors} tensors, {args.groups} groups | "
+              f"median {statistics.median(samples):.3f} ms | "
+              f"p90 {samples[int(0.9 * (len(samples) - 1))]:.3f} ms |")
 
 
 if __name__ == "__main__":

@@ -1,7 +1,11 @@
 """Host time of the sender's encoders for a Qwen3-4B-shaped tensor set (290 tensors in
 Megatron's layout, dimensions divided by ``--shrink``): ``encode_delta`` on its fused
-path (``encode_delta_batched``, what a GPU runs; about half the tensors changed, the
-rest empty change sets) and ``encode_full``.
+path (``encode_delta_batched``, what a GPU runs) and ``encode_full``. Two deltas: about
+half the tensors changed (the matrices; the rest empty change sets), and every tensor
+changed as in ``bench_sync``, with change sets shaped as the batched detectors leave them
+(groups of up to ``batch.GROUP_ELEMENTS`` elements of the full-size model, each one
+flat indices buffer and two bounds buffers): as per-tensor views, and, where the tree
+has it, as ``dte_detector.FlatChanges``.
 
 The Triton launches are replaced by no-ops and the kernels run on CPU tensors
 (``dispatch.interpreted()``), so what is timed is exactly the Python, numpy and torch
@@ -24,6 +28,7 @@ from types import SimpleNamespace
 import torch
 from dte_codec import body_digest_kernel, dispatch, encode_full, encode_kernel
 from dte_codec.encode import encode_delta_batched
+from dte_detector.batch import GROUP_ELEMENTS
 from provenance import git_sha, machine
 
 
@@ -63,6 +68,50 @@ def changes(weights: dict[str, torch.Tensor], fraction: float) -> dict[str, Simp
     return out
 
 
+def detected(weights: dict[str, torch.Tensor], fraction: float, shrink: int) -> list:
+    """Every tensor with about ``fraction`` of its elements changed, as detector runs:
+    ``(names, counts, indices, low, high)`` per group of the full-size model."""
+    limit = GROUP_ELEMENTS // shrink ** 2  # the groups of the full-size model
+    groups, size = [[]], 0
+    for name, w in weights.items():
+        if groups[-1] and size + w.numel() > limit:
+            groups.append([])
+            size = 0
+        groups[-1].append(name)
+        size += w.numel()
+    step = int(1 / fraction)
+    runs = []
+    for names in groups:
+        idx = [torch.arange(k % min(step, weights[n].numel()), weights[n].numel(), step,
+                            dtype=torch.int32)
+               for k, n in enumerate(names)]
+        bounds = torch.stack([torch.cat([weights[n].reshape(-1)[i.long()] for n, i in
+                                         zip(names, idx)])] * 2)
+        runs.append((tuple(names), tuple(i.numel() for i in idx), torch.cat(idx), bounds[0],
+                     bounds[1]))
+    return runs
+
+
+def as_views(runs: list) -> dict[str, SimpleNamespace]:
+    """The runs as per-tensor change sets (views), as the detectors returned them before
+    ``FlatChanges``."""
+    out = {}
+    for names, counts, idx, low, high in runs:
+        for name, i, lo, hi in zip(names, idx.split(counts), low.split(counts),
+                                   high.split(counts)):
+            out[name] = SimpleNamespace(indices=i, base_low=lo, base_high=hi)
+    return out
+
+
+def as_flat(runs: list, names: list[str]):
+    """The runs as ``FlatChanges``, or None in a tree without it."""
+    try:
+        from dte_detector import ChangeRun, FlatChanges
+    except ImportError:
+        return None
+    return FlatChanges(names, [ChangeRun(*run) for run in runs], {})
+
+
 def timed(fn, reps: int) -> tuple[float, float]:
     """Median and least ms of ``fn()`` over ``reps`` runs after two warm-ups."""
     fn(), fn()
@@ -89,16 +138,24 @@ def main() -> None:
     for kernel in ("_stats", "_escape_counts", "_write"):
         setattr(encode_kernel, kernel, _NoLaunch())
     body_digest_kernel._digest = _NoLaunch()
+    runs = detected(weights, a.fraction, a.shrink)
+    cases = {"matrices changed": change, "all changed, views": as_views(runs),
+             "all changed, flat": as_flat(runs, list(weights))}
     version = iter(range(1, 1 << 30))
     with dispatch.interpreted():
-        delta = timed(lambda: encode_delta_batched(weights, change, stream_id="s",
-                                           base_version=next(version), version=1 << 40), a.reps)
+        for label, found in cases.items():
+            if found is None:
+                continue
+            delta = timed(lambda: encode_delta_batched(  # noqa: B023 (timed at once)
+                weights, found, stream_id="s", base_version=next(version), version=1 << 40),
+                a.reps)
+            changed = sum(1 for name in found if found[name].indices.numel())
+            print(f"| encode host {a.label} | {len(weights)} tensors, {changed} changed "
+                  f"({label}) | encode_delta {delta[0]:.2f} ms (least {delta[1]:.2f}) | "
+                  f"{machine('cpu')} | {git_sha()} | {datetime.date.today()} |")
         full = timed(lambda: encode_full(weights, stream_id="s", version=next(version)), a.reps)
-    changed = sum(1 for c in change.values() if c.indices.numel())
-    print(f"| encode host {a.label} | {len(weights)} tensors, {changed} changed | encode_delta "
-          f"{delta[0]:.2f} ms (least {delta[1]:.2f}) | encode_full {full[0]:.2f} ms "
-          f"(least {full[1]:.2f}) | {machine('cpu')} | {git_sha()} | "
-          f"{datetime.date.today()} |")
+    print(f"| encode host {a.label} | {len(weights)} tensors | encode_full {full[0]:.2f} ms "
+          f"(least {full[1]:.2f}) | {machine('cpu')} | {git_sha()} | {datetime.date.today()} |")
 
 
 if __name__ == "__main__":

@@ -84,6 +84,24 @@ def test_bad_change_set_raises_the_reference_error(indices):
     assert messages[0] == messages[1]
 
 
+@pytest.mark.parametrize("indices", [[0, 8], [1, 2]])
+@pytest.mark.parametrize("versions", [(1, 1), (0, 2**63)])
+def test_bad_versions_raise_the_reference_error(indices, versions):
+    """Versions the header cannot carry (checked while the device counts): the reference's
+    error, after the indices' when those are bad too."""
+    tensors = {"w": torch.zeros(8)}
+    low = torch.zeros(2)
+    changes = {"w": Change(torch.tensor(indices), low, low)}
+    base, version = versions
+    messages = []
+    for encoder in (encode_delta_per_tensor, encode_delta_batched):
+        with pytest.raises(EncodeError) as info:
+            encoder(tensors, changes, stream_id="s", base_version=base, version=version)
+        messages.append(str(info.value))
+    assert messages[0] == messages[1]
+    assert ("indices" in messages[0]) == (indices == [0, 8])
+
+
 @pytest.mark.parametrize("tensors", [1, 40])
 def test_two_host_reads_per_payload(tensors):
     """Encoding reads the device twice, for 1 or 40 tensors: the statistics (``cpu``, then

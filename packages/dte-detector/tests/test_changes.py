@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import attrs
 import pytest
 import torch
 from detector_cases import bits_of, width
@@ -9,7 +10,7 @@ from dte_codec.bits import order_keys
 from hypothesis import given
 from hypothesis import strategies as st
 
-from dte_detector import ChangeSet
+from dte_detector import ChangeRun, ChangeSet, FlatChanges
 from dte_detector.changes import int_bits, unknown_bounds
 
 _DTYPES = [torch.bfloat16, torch.float16, torch.float32]
@@ -90,3 +91,24 @@ def test_int_bits_views_the_same_bytes(dtype, ints):
     assert ints == view.dtype
     assert values.data_ptr() == view.data_ptr()
     assert -(1 << (8 * values.element_size() - 1)) == view[1].item()
+
+
+def test_flat_changes_read_as_per_tensor_change_sets():
+    """A ``FlatChanges`` maps each name, in the given order, to its views of its run
+    (members with no change included) or to its loose change set."""
+    run = ChangeRun(("b", "c", "d"), (2, 0, 1), torch.tensor([1, 4, 0], dtype=torch.int32),
+                    torch.tensor([1.0, 2.0, 3.0], dtype=torch.bfloat16),
+                    torch.tensor([1.5, 2.5, 3.5], dtype=torch.bfloat16))
+    loose = ChangeSet.empty(torch.zeros(3, dtype=torch.bfloat16))
+    flat = FlatChanges(("a", "b", "c", "d"), [run], {"a": loose})
+    assert ["a", "b", "c", "d"] == list(flat)
+    assert 4 == len(flat) and "c" in flat and "e" not in flat
+    assert flat["a"] is loose
+    assert [1, 4] == flat["b"].indices.tolist()
+    assert [2.5] == flat["b"].base_high[1:].tolist()
+    assert 0 == len(flat["c"])
+    assert flat["b"] is flat["b"]  # built once
+    assert ([0], [3.0], [3.5]) == tuple(t.tolist() for t in attrs.astuple(flat["d"],
+                                                                          recurse=False))
+    with pytest.raises(KeyError):
+        flat["e"]

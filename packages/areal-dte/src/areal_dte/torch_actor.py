@@ -208,7 +208,7 @@ class TorchActor:
 
     def _detect(self) -> Mapping[str, ChangeSet]:
         if self.method == Method.CAST:
-            return {n: self._cast.changes(n, t) for n, t in self.model.items()}
+            return self._cast.changes_all(self.model)
         if self.method == Method.SNAPSHOT:
             return {n: self._snapshot.changes(n, t) for n, t in self.model.items()}
         return self._steps.changes_all(self.model)

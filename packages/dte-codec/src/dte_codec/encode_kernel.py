@@ -41,6 +41,7 @@ from .kernel_bits import (bit_length, column, load_uniform, order_key, owned_blo
                           put_fields, put_packed, width_mask)
 
 if TYPE_CHECKING:
+    from .change_table import ChangeTable
     from .encode_plan import Layout
     from .tensor_set import TensorSet
 
@@ -270,32 +271,27 @@ class FusedFlat:
 
     Args:
         known: the tensor set (addresses, numel, bits and residue flags per tensor).
-        rows: the tensors that changed, in body order; ``counts``, ``changes`` and
-            ``weights`` (the tensors) are theirs, row by row.
+        rows: the tensors that changed, in body order; ``counts`` and ``weights`` (the
+            tensors) are theirs, row by row.
+        changes: where every tensor's change set lies (rows of the whole set).
     """
 
     def __init__(self, known: TensorSet, rows: np.ndarray, counts: np.ndarray,
-                 changes: Sequence, weights: Sequence[torch.Tensor], device: torch.device):
+                 changes: ChangeTable, weights: Sequence[torch.Tensor], device: torch.device):
         self.segments, self.device = len(rows), device
-        indices = [_indices(c, device) for c in changes]
-        lows = [_in_place(c.base_low, device) for c in changes]
-        highs = [_in_place(c.base_high, device) for c in changes]
         pointers = known.pointer[rows]
         copies = [] if known.contiguous else [w.contiguous() for w in weights]
         if copies:  # a tensor that is not contiguous is read from a contiguous copy
             pointers = np.array([c.data_ptr() for c in copies], np.int64)
         # kept alive until the kernels that read them through their addresses are queued
-        self._keep = (indices, lows, highs, copies)
+        self._keep = (changes.keep, copies)
         blocks = -(-counts // BLOCK)
         self.blocks = int(blocks.sum())
         table = known.table
         columns = np.stack([counts, np.cumsum(blocks) - blocks, blocks, table.numel[rows],
-                            known.bits[rows], table.residue[rows],
-                            np.array([i.data_ptr() for i in indices], np.int64),
-                            np.array([i.element_size() for i in indices], np.int64),
-                            pointers, table.itemsize[rows],
-                            np.array([b.data_ptr() for b in lows], np.int64),
-                            np.array([b.data_ptr() for b in highs], np.int64)]).astype(np.int64)
+                            known.bits[rows], table.residue[rows], changes.index_at[rows],
+                            changes.index_size[rows], pointers, table.itemsize[rows],
+                            changes.low_at[rows], changes.high_at[rows]]).astype(np.int64)
         self.items = host_table(columns, device)
         self.block_seg = block_segments(self.items[_BLOCKS], self.blocks)
         self.codes = torch.empty(self.blocks * BLOCK, dtype=torch.uint8, device=device)
@@ -326,17 +322,3 @@ class FusedFlat:
                                        num_warps=WARPS)
         return body[:words].view(torch.uint8)
 
-
-def _in_place(values: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """``values`` as contiguous on ``device``: itself when it already is (the usual case;
-    a call per tensor and sync counts, so no-op conversions are skipped)."""
-    if values.device == device and values.is_contiguous():
-        return values
-    return values.to(device).contiguous()
-
-
-def _indices(change, device: torch.device) -> torch.Tensor:
-    indices = change.indices
-    if indices.dtype not in (torch.int32, torch.int64):
-        indices = indices.to(_INT64)
-    return _in_place(indices, device)

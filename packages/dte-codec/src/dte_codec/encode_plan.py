@@ -42,8 +42,9 @@ with an ``IntEnum`` member."""
 
 
 def _bit_length(x: np.ndarray) -> np.ndarray:
-    """Bits needed for each non-negative int64 (0 for 0), without floating point."""
-    return (x[..., None] >= _POWERS).sum(-1)
+    """Bits needed for each non-negative int64 (0 for 0), without floating point: how
+    many powers of two are at most ``x``."""
+    return np.searchsorted(_POWERS, x, side="right")
 
 
 def _ceil8(x: np.ndarray) -> np.ndarray:
@@ -138,6 +139,8 @@ class TensorTable:
 
     def take(self, rows: np.ndarray) -> TensorTable:
         """The table of the tensors ``rows`` (an int array), in that order."""
+        if len(rows) == len(self.names) and (rows == np.arange(len(rows))).all():
+            return self  # every tensor: no tuple rebuilt per sync
         picked = rows.tolist()
         return TensorTable(tuple(self.names[r] for r in picked),
                            tuple(self.dtypes[r] for r in picked),
@@ -235,16 +238,19 @@ def _section_sizes(count: np.ndarray, table: TensorTable, index: IndexChoice,
     size = index_itemsizes(table.numel)
     upper_bits = count + ((np.maximum(table.numel, 1) - 1) >> low) + 1
     is_gap, is_ef = enc == _GAP8, enc == _ELIAS_FANO
-    first = np.select([enc == _BITMAP, is_gap, is_ef],
-                      [_ceil8(table.numel), count, _ceil8(count * low)],
-                      count * np.where(enc == _INT32, 4, 8))
-    second = np.select([is_gap, is_ef], [index.escapes * size, _ceil8(upper_bits)], 0)
+    # nested wheres, not np.select: a few microseconds each on a few hundred tensors
+    first = np.where(enc == _BITMAP, _ceil8(table.numel),
+                     np.where(is_gap, count, np.where(is_ef, _ceil8(count * low),
+                                                      count * np.where(enc == _INT32, 4, 8))))
+    second = np.where(is_gap, index.escapes * size, np.where(is_ef, _ceil8(upper_bits), 0))
     residue = value.encoding == _RESIDUE
     escapes = value.escapes
-    return np.stack([first, second,
-                     np.where(residue, _ceil8((count - escapes) * value.width),
-                              count * table.itemsize),
-                     escapes * index_itemsizes(count), escapes * table.itemsize], 1)
+    sizes = np.empty((len(count), _SECTIONS), np.int64)
+    sizes[:, 0], sizes[:, 1] = first, second
+    sizes[:, 2] = np.where(residue, _ceil8((count - escapes) * value.width), count * table.itemsize)
+    sizes[:, 3] = escapes * index_itemsizes(count)
+    sizes[:, 4] = escapes * table.itemsize
+    return sizes
 
 
 def _columns(count: np.ndarray, table: TensorTable, index: IndexChoice, value: ValueChoice,
@@ -254,18 +260,22 @@ def _columns(count: np.ndarray, table: TensorTable, index: IndexChoice, value: V
     sparse = ~dense
     raw_bits = index_itemsizes(table.numel) * BYTE_BITS
     is_bitmap = enc == _BITMAP
-    width = np.select([is_bitmap, enc == _GAP8, enc == _ELIAS_FANO],
-                      [1, BYTE_BITS, index.width], raw_bits)
+    is_gap, is_ef = enc == _GAP8, enc == _ELIAS_FANO
+    width = np.where(is_bitmap, 1, np.where(is_gap, BYTE_BITS,
+                                            np.where(is_ef, index.width, raw_bits)))
     first = starts[:, 0]
-    two = (enc == _GAP8) | (enc == _ELIAS_FANO)
     residue = value.encoding == _RESIDUE
     fields = starts[:, 2]
-    return np.stack([x.astype(np.int64) for x in np.broadcast_arrays(
-        np.where(dense, -1, enc), first, np.where(dense, item_bits, np.where(is_bitmap, 0, width)),
-        width * sparse, np.where(two, starts[:, 1], first), raw_bits * sparse, index.width,
-        np.where(dense, -1, value.encoding), value.width, fields,
-        np.where(residue, starts[:, 3], fields),
-        index_itemsizes(count) * BYTE_BITS * sparse, np.where(residue, starts[:, 4], fields))])
+    rows = (np.where(dense, -1, enc), first,
+            np.where(dense, item_bits, np.where(is_bitmap, 0, width)), width * sparse,
+            np.where(is_gap | is_ef, starts[:, 1], first), raw_bits * sparse, index.width,
+            np.where(dense, -1, value.encoding), value.width, fields,
+            np.where(residue, starts[:, 3], fields), index_itemsizes(count) * BYTE_BITS * sparse,
+            np.where(residue, starts[:, 4], fields))
+    columns = np.empty((len(rows), len(count)), np.int64)
+    for at, row in enumerate(rows):
+        columns[at] = row
+    return columns
 
 
 def _entries(table: TensorTable, count: np.ndarray, index: IndexChoice,

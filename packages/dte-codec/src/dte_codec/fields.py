@@ -188,10 +188,10 @@ def host_table(columns: list[list[int]] | np.ndarray, device: torch.device) -> t
 
     One host-to-device copy; from pinned memory on CUDA, so it does not wait for the GPU.
     """
-    table = torch.tensor(np.asarray(columns, dtype=np.int64))
+    table = torch.from_numpy(np.ascontiguousarray(columns, dtype=np.int64))
     if device.type == "cuda":
         return table.pin_memory().to(device, non_blocking=True)
-    return table.to(device)
+    return table.to(device, copy=True)  # not a view of the caller's array
 
 
 def block_segments(blocks: torch.Tensor, total: int) -> torch.Tensor:

@@ -30,7 +30,7 @@ reference path, which raises the error it always raised.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -38,8 +38,10 @@ import torch
 
 from .bits import BYTE_BITS, bit_length, order_keys_by_width, width_mask
 from .body_digest import body_digest
+from .change_table import ChangeTable, Members, bounds_fit, change_counts, parts
 from .dispatch import fused
 from .encode_plan import Layout, plan
+from .errors import EncodeError
 from .fields import Body, Segments, host_table
 from .header import RESIDUE_DTYPES, IndexEncoding, Kind, ValueEncoding, pack_head
 from .indices import MAX_GAP_BYTE
@@ -59,10 +61,14 @@ def encode_delta_flat(tensors: Mapping[str, torch.Tensor], changes: Mapping[str,
     """The delta payload of ``tensors`` with one change set each (the non-empty ones are
     sent), or None when a change set does not fit its tensor or the changed tensors are
     not on one device (the caller then takes the reference path, which raises its
-    error)."""
+    error). Change sets that a batched detection left in flat runs
+    (``change_table.parts``) are read as runs, with the same bytes."""
     known = tensor_set(tensors)
-    found = [changes[name] for name in known.names]
-    counts = np.array([c.indices.numel() for c in found], np.int64)
+    runs, loose = parts(changes)
+    members = Members.of(known, runs)
+    if members is None:
+        return None
+    counts = change_counts(known, members, loose)
     rows = np.flatnonzero(counts)
     if not len(rows):
         return seal(checked_header([], stream_id=stream_id, kind=Kind.DELTA,
@@ -70,25 +76,31 @@ def encode_delta_flat(tensors: Mapping[str, torch.Tensor], changes: Mapping[str,
                     torch.empty(0, dtype=torch.uint8))
     picked, count = rows.tolist(), counts[rows]
     devices = {known.key.devices[r] for r in picked} if known.device is None else {known.device}
-    todo = [found[r] for r in picked]
-    if len(devices) > 1 or not known.encodable[rows].all() or not _bounds_fit(
-            [known.table.dtypes[r] for r in picked], count.tolist(), todo):
+    if len(devices) > 1 or not known.encodable[rows].all():
         return None
     device = devices.pop()
     weights = list(tensors.values())
-    flat = _flat(known, rows, count, todo, [weights[r] for r in picked], device)
+    flat = _flat(known, rows, counts, changes, members, [weights[r] for r in picked], device)
+    if flat is None:
+        return None
     bits = known.bits[rows][known.table.residue[rows]]
     bins = int(bits.max()) if len(bits) else 0
     pending = flat.stats(bins)
-    table, templates = known.table.take(rows), known.templates  # while the device counts
+    # while the device counts: what needs no statistics
+    table, templates = known.table.take(rows), known.templates
+    try:  # raised after the statistics, as the reference reports bad indices first
+        header, bad_header = checked_header([], stream_id=stream_id, kind=Kind.DELTA,
+                                            base_version=base_version, version=version), None
+    except EncodeError as error:
+        header, bad_header = None, error
     stats = pending.cpu().numpy()  # host sync 1 of 2
     segments = len(picked)
     if stats[segments:2 * segments].any():  # invalid indices
         return None
+    if bad_header is not None:
+        raise bad_header
     chosen = plan(table, count, gap_escapes=stats[:segments],
                   hist=stats[2 * segments:].reshape(segments, bins), device=device)
-    header = checked_header([], stream_id=stream_id, kind=Kind.DELTA, base_version=base_version,
-                            version=version)
     body = flat.write(chosen.layout)
     for s in np.flatnonzero(chosen.layout.dense_offsets >= 0).tolist():
         offset = int(chosen.layout.dense_offsets[s])
@@ -101,23 +113,21 @@ def encode_delta_flat(tensors: Mapping[str, torch.Tensor], changes: Mapping[str,
                        body_size=chosen.layout.size)
 
 
-def _flat(known: TensorSet, rows: np.ndarray, counts: np.ndarray, changes: list,
-          weights: list[torch.Tensor], device: torch.device) -> TorchFlat | FusedFlat:
-    """The fused kernels where they run (``dispatch.fused``), else the torch ops."""
+def _flat(known: TensorSet, rows: np.ndarray, counts: np.ndarray,
+          changes: Mapping[str, ChangeSet], members: Members, weights: list[torch.Tensor],
+          device: torch.device) -> TorchFlat | FusedFlat | None:
+    """The fused kernels where they run (``dispatch.fused``), else the torch ops; None
+    when a change set does not fit its tensor."""
     if fused(device):
         from .encode_kernel import FusedFlat
-        return FusedFlat(known, rows, counts, changes, weights, device)
-    return TorchFlat.gather(weights, changes, device)
-
-
-def _bounds_fit(dtypes: list[torch.dtype], counts: list[int], changes: Sequence) -> bool:
-    """Every bound has its tensor's dtype and one value per index (the reference's checks
-    that need no device value, besides those of the tensor set)."""
-    shapes = [(n,) for n in counts]
-    for bounds in ([c.base_low for c in changes], [c.base_high for c in changes]):
-        if [b.dtype for b in bounds] != dtypes or [b.shape for b in bounds] != shapes:
-            return False
-    return True
+        found = ChangeTable.of(known, members, parts(changes)[1], counts, device)
+        return None if found is None else FusedFlat(known, rows, counts[rows], found, weights,
+                                                    device)
+    picked = rows.tolist()
+    todo = [changes[known.names[r]] for r in picked]
+    if not bounds_fit([known.table.dtypes[r] for r in picked], counts[rows].tolist(), todo):
+        return None
+    return TorchFlat.gather(weights, todo, device)
 
 
 class TorchFlat:

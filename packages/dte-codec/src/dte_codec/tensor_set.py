@@ -13,7 +13,7 @@ nothing here, since nothing here depends on them.
 from __future__ import annotations
 
 import functools
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import attrs
 import numpy as np
@@ -77,6 +77,27 @@ class TensorSet:
     @functools.cached_property
     def contiguous(self) -> bool:
         return all(self.key.contiguous)
+
+    @functools.cached_property
+    def dtype_ids(self) -> dict[torch.dtype, int]:
+        """A number per dtype of the set."""
+        return {dtype: k for k, dtype in enumerate(dict.fromkeys(self.table.dtypes))}
+
+    @functools.cached_property
+    def dtype_column(self) -> np.ndarray:
+        """Per tensor, its dtype's number (``dtype_ids``)."""
+        ids = self.dtype_ids
+        return np.array([ids[dtype] for dtype in self.table.dtypes], np.int64)
+
+    @functools.cached_property
+    def row(self) -> dict[str, int]:
+        """Each tensor's position, by name."""
+        return {name: r for r, name in enumerate(self.table.names)}
+
+    def rows(self, names: Sequence[str]) -> np.ndarray:
+        """The positions of tensors ``names``."""
+        row = self.row
+        return np.fromiter((row[name] for name in names), np.int64, len(names))
 
     @functools.cached_property
     def templates(self) -> EntryTemplates:

@@ -9,7 +9,7 @@ kernels before the first sync.
 """
 
 from .cast import CastDetector
-from .changes import ChangeSet
+from .changes import ChangeRun, ChangeSet, FlatChanges
 from .errors import DetectorError
 from .inversion import AdamWStep, Inversion, invert_adamw, invert_adamw_all
 from .snapshot import Snapshot, diff
@@ -20,8 +20,10 @@ __all__ = [
     "AdamWState",
     "AdamWStep",
     "CastDetector",
+    "ChangeRun",
     "ChangeSet",
     "DetectorError",
+    "FlatChanges",
     "Inversion",
     "Snapshot",
     "diff",

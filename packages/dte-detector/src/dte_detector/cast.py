@@ -24,7 +24,7 @@ from collections.abc import Mapping
 import torch
 
 from . import dispatch
-from .changes import ChangeSet, index_dtype, int_bits
+from .changes import ChangeRun, ChangeSet, FlatChanges, index_dtype, int_bits
 
 
 _MAP_ALIGN = 16
@@ -50,6 +50,10 @@ class CastDetector:
     def __init__(self) -> None:
         self._dirty: dict[str, torch.Tensor] = {}
         self._first_seen: dict[str, list[tuple[torch.Tensor, torch.Tensor]]] = {}
+        """First-seen flips recorded one tensor at a time (indices, old values)."""
+        self._runs: list[ChangeRun] = []
+        """First-seen flips of the fused passes, as the kernels wrote them."""
+        self._fused_passes = 0
 
     def record(self, name: str, master: torch.Tensor, model: torch.Tensor) -> None:
         """Mark what the coming ``model.copy_(master)`` will change; call it before the copy."""
@@ -86,9 +90,8 @@ class CastDetector:
             self._new_dirty_maps({n: pairs[n][1] for n in names if n not in self._dirty})
             members = [(pairs[n][0].detach().reshape(-1), pairs[n][1].detach().view(-1),
                         self._dirty[n]) for n in names]
-            for name, (fresh, old) in zip(names, record_batch(members, copy=copy)):
-                if fresh.numel():
-                    self._first_seen.setdefault(name, []).append((fresh, old))
+            self._runs += [run.named(names) for run in record_batch(members, copy=copy)]
+        self._fused_passes += bool(fused)
 
     @staticmethod
     def _fused(master: torch.Tensor, model: torch.Tensor) -> bool:
@@ -126,7 +129,12 @@ class CastDetector:
 
     def changes(self, name: str, model: torch.Tensor) -> ChangeSet:
         """Every element of ``model`` dirtied since the last ``clear``, with its old value."""
-        seen = self._first_seen.get(name)
+        seen = self._first_seen.get(name, [])
+        for run in self._runs:
+            member = run.member(name)
+            if member is not None and run.counts[member]:
+                found = run.change_set(member)
+                seen = [*seen, (found.indices, found.base_low)]
         if not seen:
             return ChangeSet.empty(model)
         if len(seen) == 1:  # one recorded pass: sorted and unique already
@@ -136,7 +144,21 @@ class CastDetector:
         base = torch.cat([v for _, v in seen])[order]
         return ChangeSet.exact(indices[order].to(index_dtype(model.numel())), base)
 
+    def changes_all(self, models: Mapping[str, torch.Tensor]) -> FlatChanges:
+        """``changes`` of every ``name: model``, in ``models``' order. After one fused pass
+        since the ``clear`` (a sync per optimizer step) the kernels' runs are passed on as
+        they are (``FlatChanges``), so an encoder reads their buffers, not a view per
+        tensor; a tensor with flips from several passes needs them merged, one by one."""
+        runs = [run for run in self._runs if self._fused_passes == 1
+                and all(n in models and n not in self._first_seen for n in run.names)]
+        whole = {name for run in runs for name in run.names}
+        return FlatChanges(tuple(models), runs, {name: self.changes(name, model)
+                                                 for name, model in models.items()
+                                                 if name not in whole})
+
     def clear(self) -> None:
         """Start a new interval (after a committed sync)."""
         self._dirty.clear()
         self._first_seen.clear()
+        self._runs.clear()
+        self._fused_passes = 0

@@ -28,6 +28,7 @@ import triton
 import triton.language as tl
 
 from . import batch
+from .changes import ChangeRun
 from .staging import (advance, gather, locate, member_offset, narrow, on_device, place,
                       programs, read_limit, stage, tile_offsets)
 
@@ -146,7 +147,7 @@ def _record_dense(master_ptr, model_ptr, dirty_ptr, offsets_ptr, width, numels_p
 
 
 def record_batch(members: Sequence[tuple[torch.Tensor, torch.Tensor, torch.Tensor]], *,
-                 copy: bool) -> list[tuple[torch.Tensor, torch.Tensor]]:
+                 copy: bool) -> list[ChangeRun]:
     """Record (and with ``copy``, copy) flat tensors of one device; dirty maps in place.
 
     Args:
@@ -154,14 +155,15 @@ def record_batch(members: Sequence[tuple[torch.Tensor, torch.Tensor, torch.Tenso
             and its packed dirty bits (``ceil(numel / 8)`` bytes, LSB first); non-empty.
 
     Returns:
-        Per tensor, the sorted indices and old values of its first-seen flips (views of
-        flat outputs).
+        One run per group (members keyed by their positions in ``members``, every tensor
+        in one): per tensor the sorted indices of its first-seen flips and their old
+        values, as exact bounds.
     """
     assert ROWS * 8 <= 1 << 15, "tile offsets are staged as int16"
     flats = [(master.contiguous(), model.view(torch.int16), dirty)
              for master, model, dirty in members]
     dtypes = [model.dtype for _, model, _ in members]
-    found: list[tuple[torch.Tensor, torch.Tensor] | None] = [None] * len(flats)
+    found: list[ChangeRun] = []
     capacity = ROWS * 8 // SLAB_FRACTION
     device = flats[0][0].device
 
@@ -193,10 +195,9 @@ def record_batch(members: Sequence[tuple[torch.Tensor, torch.Tensor, torch.Tenso
         if dense:
             _record_dense[(group.tiles,)](*tables, firsts, indices, old, group.tiles, total,
                                           group.steps, **config)
-        counts = batch.member_counts(member_ends)
-        for at, *parts in zip(group.members, indices.split(counts),
-                              old[0].view(group.key).split(counts)):
-            found[at] = tuple(parts)
+        values = old[0].view(group.key)
+        found.append(ChangeRun(group.members, tuple(batch.member_counts(member_ends)), indices,
+                               values, values))
 
     with on_device(device):
         batch.pipelined(batch.plan(flats, dtypes, tile_elements=ROWS * 8), launch,

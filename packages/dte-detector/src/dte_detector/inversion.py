@@ -67,7 +67,7 @@ import torch
 from attrs.validators import ge, gt, lt
 
 from . import dispatch
-from .changes import ChangeSet, index_dtype, int_bits, unknown_bounds
+from .changes import ChangeRun, ChangeSet, index_dtype, int_bits, unknown_bounds
 from .errors import PrecisionError, StepGapError
 
 UNIT_ROUNDOFF = 2.0**-24
@@ -181,6 +181,21 @@ def invert_columns(names: Sequence[str],
         PrecisionError: a master or a moment is not fp32 (the first such tensor, in order).
         StepGapError: more than one step since a tensor's reference.
     """
+    found, runs = invert_runs(names, states, hypers, previous, dtypes, guard_ulps=guard_ulps)
+    for run in runs:
+        for k, at in enumerate(run.names):
+            found[at] = run.change_set(k)
+    return found
+
+
+def invert_runs(names: Sequence[str],
+                states: Sequence[tuple[torch.Tensor, torch.Tensor, torch.Tensor]],
+                hypers: Sequence[AdamWStep], previous: Sequence[int],
+                dtypes: Sequence[torch.dtype], *, guard_ulps: float = GUARD_ULPS
+                ) -> tuple[list[ChangeSet | None], list[ChangeRun]]:
+    """``invert_columns`` as the fused kernels leave it: per tensor its change set, or
+    None for the members of the runs (keyed by position), whose change sets are views of
+    the runs' buffers. Same checks and errors."""
     fp32 = torch.float32
     for name, state, hyper, before in zip(names, states, hypers, previous):
         if state[0].dtype != fp32 or state[1].dtype != fp32 or state[2].dtype != fp32:
@@ -200,13 +215,14 @@ def invert_columns(names: Sequence[str],
         else:
             found[at] = _invert_reference(p.detach().reshape(-1), m.detach().reshape(-1),
                                           v.detach().reshape(-1), hyper, dtype, guard_ulps)
+    runs: list[ChangeRun] = []
     for members in fused.values():
         from .inversion_kernel import invert_batch
-        results = invert_batch(list(members.values()), [hypers[at] for at in members],
-                               [dtypes[at] for at in members], guard_ulps=guard_ulps)
-        for at, result in zip(members, results):
-            found[at] = result
-    return found
+        positions = list(members)
+        runs += [run.named(positions) for run in invert_batch(
+            list(members.values()), [hypers[at] for at in members],
+            [dtypes[at] for at in members], guard_ulps=guard_ulps)]
+    return found, runs
 
 
 _STATE_FIELDS = ("master", "exp_avg", "exp_avg_sq")

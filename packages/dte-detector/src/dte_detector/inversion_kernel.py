@@ -40,7 +40,7 @@ import triton
 import triton.language as tl
 
 from . import batch
-from .changes import ChangeSet
+from .changes import ChangeRun
 from .inversion import _HALF_ETA, AdamWStep, _corrections, decay_factor, guard_scalars
 from .staging import (advance, gather, locate, member_offset, narrow, on_device, place,
                       programs, read_limit, stage_counted, tile_offsets)
@@ -213,17 +213,18 @@ _PAYLOAD = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
 
 def invert_batch(flats: Sequence[tuple[torch.Tensor, torch.Tensor, torch.Tensor]],
                  hypers: Sequence[AdamWStep], dtypes: Sequence[torch.dtype], *,
-                 guard_ulps: float) -> list[ChangeSet]:
+                 guard_ulps: float) -> list[ChangeRun]:
     """``invert_adamw`` over non-empty contiguous fp32 CUDA tensors ``(p, m, v)`` of one
     device (any shape: the kernels read them flat), each with its step and its bf16 or
-    fp16 payload dtype.
+    fp16 payload dtype: one run per group, its members keyed by their positions in
+    ``flats`` (every tensor is in one run, with or without changes).
 
     Synchronises with the host once per ``batch.GROUP_ELEMENTS`` elements, to size the
     outputs, while the device works on the next group.
     """
     assert ROWS * 8 <= 1 << 15, "tile offsets are staged as int16"
     keys = [(*_config(h, guard_ulps), d) for h, d in zip(hypers, dtypes)]
-    found: list[ChangeSet | None] = [None] * len(flats)
+    found: list[ChangeRun] = []
     slab = ROWS * 8 // SLAB_FRACTION
     device = flats[0][0].device
 
@@ -255,11 +256,8 @@ def invert_batch(flats: Sequence[tuple[torch.Tensor, torch.Tensor, torch.Tensor]
             _dense[(group.tiles,)](*tables, firsts, indices, bounds, total, group.steps,
                                    *group.key[0], num_warps=WARPS, **config)
         dtype = group.key[2]
-        counts = batch.member_counts(member_ends)
-        for at, *parts in zip(group.members, indices.split(counts),
-                              bounds[0].view(dtype).split(counts),
-                              bounds[1].view(dtype).split(counts)):
-            found[at] = ChangeSet(*parts)
+        found.append(ChangeRun(group.members, tuple(batch.member_counts(member_ends)), indices,
+                               bounds[0].view(dtype), bounds[1].view(dtype)))
 
     with on_device(device):
         batch.pipelined(batch.plan(flats, keys, tile_elements=ROWS * 8), launch,

@@ -14,9 +14,9 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 
 import torch
 
-from .changes import ChangeSet
+from .changes import ChangeSet, FlatChanges
 from .errors import StepGapError
-from .inversion import invert_columns
+from .inversion import invert_runs
 from .torch_adamw import AdamWState, torch_adamw_states
 
 
@@ -58,20 +58,24 @@ class AdamWSteps:
         """
         return self.changes_all({name: model})[name]
 
-    def changes_all(self, models: Mapping[str, torch.Tensor]) -> dict[str, ChangeSet]:
-        """``changes`` of every ``name: model``, inverted together (``inversion.invert_columns``).
+    def changes_all(self, models: Mapping[str, torch.Tensor]) -> FlatChanges:
+        """``changes`` of every ``name: model``, inverted together (``inversion.invert_runs``),
+        in ``models``' order; the fused kernels' results stay in their flat runs.
 
         Raises:
             StepGapError: more than one step since the commit, for any of them.
         """
         stepped = {name: self._stepped[name] for name in models if name in self._stepped}
         synced = self._synced
-        found = dict(zip(stepped, invert_columns(
-            list(stepped), [(s.param, s.exp_avg, s.exp_avg_sq) for s in stepped.values()],
+        names = list(stepped)
+        found, runs = invert_runs(
+            names, [(s.param, s.exp_avg, s.exp_avg_sq) for s in stepped.values()],
             [s.hyper for s in stepped.values()], [synced.get(name, 0) for name in stepped],
-            [models[name].dtype for name in stepped])))
-        return {name: found[name] if name in found else ChangeSet.empty(model)  # not stepped
-                for name, model in models.items()}
+            [models[name].dtype for name in stepped])
+        loose = {name: c for name, c in zip(names, found) if c is not None}
+        loose.update((name, ChangeSet.empty(model)) for name, model in models.items()
+                     if name not in stepped)  # not stepped
+        return FlatChanges(tuple(models), [run.named(names) for run in runs], loose)
 
     def commit(self, optimizers: Iterable[torch.optim.Optimizer]) -> None:
         """A version was delivered: step counts from the optimizers themselves (a loaded

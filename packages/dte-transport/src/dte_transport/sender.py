@@ -10,6 +10,7 @@ import attrs
 import torch
 from attrs.validators import ge
 from dte_codec import ChangeSet, Frame, digests, encode_delta, encode_full
+from dte_codec.change_table import changed_elements
 
 from .ack import Ack
 from .errors import LinkError, SyncError, VersionOrderError
@@ -85,7 +86,7 @@ class Sender:
         self.acknowledged, self.deltas_since_full = version, self.deltas_since_full + 1
         report = SyncReport(version=version, kind=SyncKind.DELTA, reason=DELTA, base_version=base,
                             payload_bytes=frame.nbytes, dense_bytes=_dense_bytes(weights),
-                            changed=sum(len(c.indices) for c in change_sets.values()),
+                            changed=changed_elements(change_sets),
                             ms=timer.ms)
         _log(report)
         return report
