@@ -7,16 +7,30 @@ import math
 import attrs
 import pytest
 import torch
-from detector_cases import (AdamWCase, adamw_cases, bits_of, midpoint_cases, midpoints,
-                            run_case, width)
+from detector_cases import (
+    AdamWCase,
+    adamw_cases,
+    bits_of,
+    midpoint_cases,
+    midpoints,
+    run_case,
+    width,
+)
 from dte_codec.bits import order_keys
-from hypothesis import example, given
-
-from dte_detector import (AdamWStep, ChangeSet, Inversion, diff, invert_adamw, invert_adamw_all,
-                          torch_adamw_states)
+from dte_detector import (
+    AdamWStep,
+    ChangeSet,
+    Inversion,
+    diff,
+    invert_adamw,
+    invert_adamw_all,
+    torch_adamw_states,
+)
 from dte_detector.changes import int_bits, unknown_bounds
 from dte_detector.errors import PrecisionError, StepGapError
-from dte_detector.inversion import CHUNK, GUARD_ULPS
+from dte_detector.inversion import CHUNK, GUARD_ULPS, fp32, reciprocal
+from hypothesis import example, given
+from hypothesis import strategies as st
 
 
 def _invert(stepped, dtype: torch.dtype, **kwargs) -> ChangeSet:
@@ -326,3 +340,26 @@ def test_inverting_all_checks_every_tensor_first(monkeypatch, bad):
         invert_adamw_all([_inversion("a", [1.0]), last])
     assert "layers.9.w" == info.value.tensor
     assert [] == inverted
+
+
+
+_SCALARS = (1.0, 0.999, 1 - 3e-6 * 0.003, 1 + 2.0**-24, 1 + 3 * 2.0**-25, 2.0**-149,
+            2.0**-150, 3 * 2.0**-151, 1e-45, 1e-40, 3.4028235677973366e38, 3.5e38, 1e300, -0.0,
+            -1e-8, math.inf, -math.inf, math.nan)
+"""Ties to even, subnormals, the edge of fp32's range and beyond, signed zero, NaN."""
+
+
+def _fp32_bits(value: float | torch.Tensor) -> int:
+    return torch.as_tensor(value, dtype=torch.float32).view(torch.int32).item()
+
+
+@given(st.floats(width=64))
+@example(value=0.1)
+def test_fp32_scalars_are_torchs(value):
+    """``fp32`` and ``reciprocal`` (the kernels' scalars, formed without tensor ops) give
+    torch's own fp32 cast and fp32 division, bit for bit."""
+    for x in (value, *_SCALARS) if value == 0.1 else (value,):
+        cast = torch.tensor(x, dtype=torch.float64).to(torch.float32)
+        quotient = torch.ones((), dtype=torch.float32) / torch.tensor(x, dtype=torch.float32)
+        assert _fp32_bits(fp32(x)) == _fp32_bits(cast), x
+        assert _fp32_bits(reciprocal(x)) == _fp32_bits(quotient), x

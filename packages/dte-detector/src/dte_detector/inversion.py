@@ -60,6 +60,7 @@ to rounding boundaries) against torch's for-loop, foreach and fused AdamW.
 from __future__ import annotations
 
 import math
+import struct
 from collections.abc import Sequence
 
 import attrs
@@ -253,7 +254,26 @@ def bias_correction_error(h: AdamWStep) -> float:
 
 def decay_factor(h: AdamWStep) -> float:
     """``c = 1 - lr * wd`` rounded to fp32, as the optimizer's kernels hold it."""
-    return float(torch.tensor(1 - h.lr * h.weight_decay, dtype=torch.float32))
+    return fp32(1 - h.lr * h.weight_decay)
+
+
+def fp32(value: float) -> float:
+    """A Python scalar as torch's kernels receive it: rounded to fp32 (to nearest even,
+    subnormals kept, beyond fp32's range infinite), without a tensor op per scalar."""
+    try:
+        return struct.unpack("<f", struct.pack("<f", value))[0]
+    except OverflowError:  # struct refuses what torch's cast makes infinite
+        return math.copysign(math.inf, value)
+
+
+def reciprocal(value: float) -> float:
+    """``1 / value`` in fp32, as torch's CUDA division by a CPU scalar forms it: the
+    quotient of the fp32 operands in double, rounded once more to fp32, is the correctly
+    rounded fp32 quotient (double has more than twice fp32's precision plus two bits)."""
+    divisor = fp32(value)
+    if divisor == 0:
+        return math.copysign(math.inf, divisor)
+    return fp32(1.0 / divisor)
 
 
 def _corrections(h: AdamWStep) -> tuple[float, float]:

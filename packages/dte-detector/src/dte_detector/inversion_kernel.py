@@ -41,7 +41,8 @@ import triton.language as tl
 
 from . import batch
 from .changes import ChangeRun
-from .inversion import _HALF_ETA, AdamWStep, _corrections, decay_factor, guard_scalars
+from .inversion import (_HALF_ETA, AdamWStep, _corrections, decay_factor, fp32, guard_scalars,
+                        reciprocal)
 from .staging import (advance, gather, locate, member_offset, narrow, on_device, place,
                       programs, read_limit, stage_counted, tile_offsets)
 
@@ -61,17 +62,6 @@ _MU_SCALE: tl.constexpr = tl.constexpr(2.0**25 * 1.01)
 _MU_FLOOR: tl.constexpr = tl.constexpr(2.0**-48)
 _GUARD_SCALE: tl.constexpr = tl.constexpr(2.0**75)
 _FP32_MAX: tl.constexpr = tl.constexpr(torch.finfo(torch.float32).max)
-
-
-def fp32(value: float) -> float:
-    """A Python scalar as torch's CUDA kernels receive it: rounded to fp32."""
-    return torch.tensor(value, dtype=torch.float64).to(torch.float32).item()
-
-
-def reciprocal(value: float) -> float:
-    """``1 / value`` in fp32, as torch's CUDA division by a CPU scalar forms it."""
-    one = torch.ones((), dtype=torch.float32)
-    return (one / torch.tensor(value, dtype=torch.float32)).item()
 
 
 def _scalars(h: AdamWStep, guard_ulps: float) -> tuple[float, ...]:

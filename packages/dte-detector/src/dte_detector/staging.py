@@ -17,6 +17,7 @@ indices and their values, as ``torch.nonzero`` and a gather would give them.
 from __future__ import annotations
 
 import contextlib
+import functools
 
 import torch
 import triton
@@ -170,8 +171,14 @@ def programs(tiles: int, device: torch.device, *, waves: int) -> int:
     CPU, counts as one multiprocessor)."""
     if device.type != "cuda":
         return max(1, min(tiles, waves))
-    sms = torch.cuda.get_device_properties(device).multi_processor_count
-    return max(1, min(tiles, sms * waves))
+    index = torch.cuda.current_device() if device.index is None else device.index
+    return max(1, min(tiles, _multiprocessors(index) * waves))
+
+
+@functools.cache
+def _multiprocessors(index: int) -> int:
+    # a device's properties do not change; asking torch costs a few Python calls per launch
+    return torch.cuda.get_device_properties(index).multi_processor_count
 
 
 def gather(counts: torch.Tensor, firsts: torch.Tensor, total: int, slab: torch.Tensor,
