@@ -147,7 +147,7 @@ def _tables(runs, layout, device: torch.device, sizes: tuple[int, ...],
 
 def member_ends(group: Group, ends: torch.Tensor) -> torch.Tensor:
     """Each member's end in the group's outputs, from the per-tile cumulative counts."""
-    return ends[group.lasts]
+    return ends.index_select(0, group.lasts)  # not ends[lasts]: torch's indexing costs more
 
 
 def member_counts(ends: Sequence[int]) -> list[int]:

@@ -35,8 +35,12 @@ def reference() -> Iterator[None]:
 
 def kernels_for(*tensors: torch.Tensor, payload: torch.dtype) -> bool:
     """Whether the fused kernels handle these tensors and this payload dtype."""
-    return (not _forced and payload in KERNEL_PAYLOADS and all(t.is_cuda for t in tensors)
-            and _triton_installed())
+    if _forced or payload not in KERNEL_PAYLOADS or not _triton_installed():
+        return False
+    for tensor in tensors:  # a loop, not all(): called per tensor of a model, each sync
+        if not tensor.is_cuda:
+            return False
+    return True
 
 
 @functools.cache

@@ -201,6 +201,21 @@ def _dense(p_ptr, m_ptr, v_ptr, offsets_ptr, width, numels_ptr, starts_ptr, coun
 _PAYLOAD = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
 
 
+def _keys(hypers: Sequence[AdamWStep], dtypes: Sequence[torch.dtype], guard_ulps: float
+          ) -> list[tuple]:
+    """Per tensor its kernel configuration and payload dtype (``batch.plan``'s keys).
+    Neighbours mostly share a parameter group, so a key equal to the previous tensor's is
+    that same tuple: one comparison instead of a cache lookup (a hash and a comparison),
+    and ``plan`` then matches keys by identity."""
+    keys = []
+    key = last = last_dtype = None
+    for hyper, dtype in zip(hypers, dtypes):
+        if hyper != last or dtype != last_dtype:
+            key, last, last_dtype = (*_config(hyper, guard_ulps), dtype), hyper, dtype
+        keys.append(key)
+    return keys
+
+
 def invert_batch(flats: Sequence[tuple[torch.Tensor, torch.Tensor, torch.Tensor]],
                  hypers: Sequence[AdamWStep], dtypes: Sequence[torch.dtype], *,
                  guard_ulps: float) -> list[ChangeRun]:
@@ -213,7 +228,7 @@ def invert_batch(flats: Sequence[tuple[torch.Tensor, torch.Tensor, torch.Tensor]
     outputs, while the device works on the next group.
     """
     assert ROWS * 8 <= 1 << 15, "tile offsets are staged as int16"
-    keys = [(*_config(h, guard_ulps), d) for h, d in zip(hypers, dtypes)]
+    keys = _keys(hypers, dtypes, guard_ulps)
     found: list[ChangeRun] = []
     slab = ROWS * 8 // SLAB_FRACTION
     device = flats[0][0].device
