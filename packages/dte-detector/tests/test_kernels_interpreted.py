@@ -103,3 +103,26 @@ def test_interpreted_batched_inversion_is_the_reference(monkeypatch, slab_fracti
         assert bits_of(high) == bits_of(actual.base_high)
         changed += indices.numel()
     assert 0 < changed < sum(flat[0].numel() for flat, _ in members)
+
+
+@pytest.mark.parametrize("fused", ["all", "odd", "first half"])
+def test_interpreted_columns_mix_kernels_and_reference(monkeypatch, fused):
+    """``invert_columns`` hands each tensor its own change set, in order, whether every
+    tensor went through the kernels, every other one, or a leading run of them (the
+    kernels' runs keyed by their positions among all tensors)."""
+    from dte_detector import dispatch
+    from dte_detector.inversion import invert_columns
+
+    members = _members()
+    n = len(members)
+    picked = {"all": range(n), "odd": range(1, n, 2), "first half": range(n // 2)}[fused]
+    chosen = {id(members[k][0][0]) for k in picked}
+    monkeypatch.setattr(dispatch, "kernels_for", lambda p, *rest, payload: id(p) in chosen)
+    found = invert_columns([f"t{k}" for k in range(n)], [flat for flat, _ in members],
+                           [hyper for _, hyper in members], [h.step - 1 for _, h in members],
+                           [torch.float16] * n, guard_ulps=GUARD_ULPS)
+    for (flat, hyper), actual in zip(members, found, strict=True):
+        indices, low, high = _invert_chunk(*flat, hyper, torch.float16, GUARD_ULPS)
+        assert indices.tolist() == actual.indices.tolist()
+        assert bits_of(low) == bits_of(actual.base_low)
+        assert bits_of(high) == bits_of(actual.base_high)

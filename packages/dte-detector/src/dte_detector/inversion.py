@@ -220,9 +220,11 @@ def invert_runs(names: Sequence[str],
     for members in fused.values():
         from .inversion_kernel import invert_batch
         positions = list(members)
-        runs += [run.named(positions) for run in invert_batch(
-            list(members.values()), [hypers[at] for at in members],
-            [dtypes[at] for at in members], guard_ulps=guard_ulps)]
+        found_runs = invert_batch(list(members.values()), [hypers[at] for at in members],
+                                  [dtypes[at] for at in members], guard_ulps=guard_ulps)
+        # ascending positions: every tensor went to the kernels when the last is the last
+        same = positions[-1] == len(positions) - 1
+        runs += found_runs if same else [run.named(positions) for run in found_runs]
     return found, runs
 
 
