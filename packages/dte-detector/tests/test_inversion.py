@@ -7,30 +7,17 @@ import math
 import attrs
 import pytest
 import torch
-from detector_cases import (
-    AdamWCase,
-    adamw_cases,
-    bits_of,
-    midpoint_cases,
-    midpoints,
-    run_case,
-    width,
-)
+from detector_cases import (AdamWCase, adamw_cases, bits_of, midpoint_cases, midpoints,
+                            run_case, width)
 from dte_codec.bits import order_keys
-from dte_detector import (
-    AdamWStep,
-    ChangeSet,
-    Inversion,
-    diff,
-    invert_adamw,
-    invert_adamw_all,
-    torch_adamw_states,
-)
+from hypothesis import example, given
+from hypothesis import strategies as st
+
+from dte_detector import (AdamWStep, ChangeSet, Inversion, diff, invert_adamw, invert_adamw_all,
+                          torch_adamw_states)
 from dte_detector.changes import int_bits, unknown_bounds
 from dte_detector.errors import PrecisionError, StepGapError
 from dte_detector.inversion import CHUNK, GUARD_ULPS, fp32, reciprocal
-from hypothesis import example, given
-from hypothesis import strategies as st
 
 
 def _invert(stepped, dtype: torch.dtype, **kwargs) -> ChangeSet:
@@ -340,7 +327,6 @@ def test_inverting_all_checks_every_tensor_first(monkeypatch, bad):
         invert_adamw_all([_inversion("a", [1.0]), last])
     assert "layers.9.w" == info.value.tensor
     assert [] == inverted
-
 
 
 _SCALARS = (1.0, 0.999, 1 - 3e-6 * 0.003, 1 + 2.0**-24, 1 + 3 * 2.0**-25, 2.0**-149,

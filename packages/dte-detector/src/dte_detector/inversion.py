@@ -222,7 +222,7 @@ def invert_runs(names: Sequence[str],
         positions = list(members)
         found_runs = invert_batch(list(members.values()), [hypers[at] for at in members],
                                   [dtypes[at] for at in members], guard_ulps=guard_ulps)
-        # ascending positions: every tensor went to the kernels when the last is the last
+        # positions ascend: they are the runs' own keys 0..n-1 when the last is n - 1
         same = positions[-1] == len(positions) - 1
         runs += found_runs if same else [run.named(positions) for run in found_runs]
     return found, runs
