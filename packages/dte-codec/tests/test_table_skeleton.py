@@ -70,14 +70,13 @@ def _fresh():
 
 
 def test_later_deltas_are_read_through_the_first_ones_skeleton():
-    """The first delta is read field by field; the next ones of the stream come through
-    its skeleton (one object), equal entry for entry and column for column to what they
-    were packed from, and sized as the entries size them."""
+    """The first delta is read field by field and keeps its skeleton; the next ones of
+    the stream come through it (one object), equal entry for entry and column for column
+    to what they were packed from, and sized as the entries size them."""
     headers = [_header(_entries(sync), sync) for sync in range(5)]
     read = [_read(h.pack(), h.body_size()) for h in headers]
-    assert None is read[0].skeleton()
-    assert read[1].skeleton() is not None
-    assert all(r.skeleton() is read[1].skeleton() for r in read[2:])
+    assert read[0].skeleton() is not None
+    assert all(r.skeleton() is read[0].skeleton() for r in read[1:])
     for header, parsed in zip(headers, read):
         assert header == parsed
         assert header.entries == tuple(parsed.entries)

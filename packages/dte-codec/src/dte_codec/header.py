@@ -367,7 +367,8 @@ _pack_table = functools.lru_cache(maxsize=TABLE_CACHE)(_pack_entries)
 
 
 _parsed_tables: dict[tuple[bytes, int], tuple[Entry, ...]] = {}
-"""Entry tables read before, by their bytes and entry count (at most ``TABLE_CACHE``)."""
+"""Full entry tables read before, by their bytes and entry count (at most
+``TABLE_CACHE``)."""
 
 
 def _pack_entry(entry: Entry) -> bytes:
@@ -441,31 +442,36 @@ class _Reader:
         _check(None, "body_length", header.body_size(), body, header.body_size() == body)
         return header, align(length)
 
-    def entries(self, count: int, kind: Kind) -> tuple[Entry, ...]:
-        """The ``count`` entries filling the rest of a header of ``kind`` (a table read
-        before is taken from ``_parsed_tables``: one dictionary look-up instead of
-        O(entries) work; a full one equal to a table this process built, from ``_built``)."""
-        key = (bytes(self.data[self.pos:]), count)
-        entries = _parsed_tables.get(key)
-        if entries is None and kind == Kind.DELTA:
-            entries = _by_skeleton(key[0], count)
-            if entries is not None:
-                self.pos = len(self.data)
-                return entries
-        if entries is None:
-            entries = _read_table(key[0], count)
-            if entries is None:  # some field is wrong: the field by field reading names it
-                entries = tuple(self.entry() for _ in range(count))
-                _check(None, "header_length", self.pos, len(self.data),
-                       self.pos == len(self.data))
-            if kind == Kind.FULL:  # a delta's table is new each sync: no hashing it
-                entries = _built.get(entries, entries)
-            else:
-                _keep_skeleton(entries, key[0])
-            if len(_parsed_tables) >= TABLE_CACHE:
-                _parsed_tables.pop(next(iter(_parsed_tables)), None)  # oldest first
-            _parsed_tables[key] = entries
+    def entries(self, count: int, kind: Kind) -> tuple[Entry, ...] | Entries:
+        """The ``count`` entries filling the rest of a header of ``kind``. A full table
+        read before is taken from ``_parsed_tables`` (one dictionary look-up instead of
+        O(entries) work; one equal to a table this process built, from ``_built``). A
+        delta's table, new each sync (its counts move), is read through the skeleton of
+        the stream's previous one, else field by field, its skeleton then kept."""
+        table = bytes(self.data[self.pos:])
+        if kind == Kind.DELTA:
+            entries = _by_skeleton(table, count)
+            if entries is None:
+                entries = _keep_skeleton(self._read(table, count), table)
+        else:
+            key = (table, count)
+            entries = _parsed_tables.get(key)
+            if entries is None:
+                read = self._read(table, count)
+                entries = _built.get(read, read)
+                if len(_parsed_tables) >= TABLE_CACHE:
+                    _parsed_tables.pop(next(iter(_parsed_tables)), None)  # oldest first
+                _parsed_tables[key] = entries
         self.pos = len(self.data)
+        return entries
+
+    def _read(self, table: bytes, count: int) -> tuple[Entry, ...]:
+        """The entries of ``table``, read field by field (``HeaderError`` naming the first
+        wrong one)."""
+        entries = _read_table(table, count)
+        if entries is None:  # some field is wrong: the field by field reading names it
+            entries = tuple(self.entry() for _ in range(count))
+            _check(None, "header_length", self.pos, len(self.data), self.pos == len(self.data))
         return entries
 
     def entry(self) -> Entry:
@@ -499,17 +505,19 @@ def _by_skeleton(table: bytes, count: int) -> Entries | None:
     return None if columns is None else Entries(skeleton, columns)
 
 
-def _keep_skeleton(entries: tuple[Entry, ...], table: bytes) -> None:
-    """Keep the skeleton of a delta's ``table``, read field by field into ``entries``."""
-    from .table_skeleton import Skeleton
+def _keep_skeleton(entries: tuple[Entry, ...], table: bytes) -> tuple[Entry, ...] | Entries:
+    """Keep the skeleton of a delta's ``table``, read field by field into ``entries``;
+    return the entries as read through it (``entries`` where it cannot hold them)."""
+    from .table_skeleton import Entries, Skeleton
     if not Skeleton.holds(entries):
-        return
+        return entries
     key = (len(table), len(entries))
     _skeletons.pop(key, None)
     if len(_skeletons) >= TABLE_CACHE:
         _skeletons.pop(next(iter(_skeletons)))  # oldest first
-    _skeletons[key] = Skeleton(entries, table)
-
+    skeleton = _skeletons[key] = Skeleton(entries, table)
+    columns = skeleton.read(table)
+    return entries if columns is None else Entries(skeleton, columns, made=entries)
 
 
 _INDEX_ENCODINGS = {m.value: m for m in IndexEncoding}

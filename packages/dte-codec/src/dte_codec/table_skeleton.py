@@ -93,10 +93,12 @@ class Entries(Sequence[Entry]):
     """A table's entries, made from a skeleton and the columns read through it: each
     ``Entry`` is built when first asked for. Equal to (and hashed as) the tuple of them."""
 
-    def __init__(self, skeleton: Skeleton, columns: dict[str, np.ndarray]):
+    def __init__(self, skeleton: Skeleton, columns: dict[str, np.ndarray],
+                 made: Sequence[Entry] = ()):
+        """``made``: all the entries, where they were already built."""
         self.skeleton = skeleton
         self.columns = columns
-        self._made: list[Entry | None] = [None] * len(skeleton.names)
+        self._made: list[Entry | None] = list(made) or [None] * len(skeleton.names)
 
     def __len__(self) -> int:
         return len(self._made)
@@ -121,7 +123,7 @@ class Entries(Sequence[Entry]):
         return hash(self._all)
 
     def __repr__(self) -> str:
-        return repr(self._all)
+        return f"Entries({len(self)} of {self.skeleton.names[:3]}...)"
 
     @functools.cached_property
     def _all(self) -> tuple[Entry, ...]:
