@@ -9,12 +9,13 @@ import torch
 from areal_dte.shard_stage import ShardStage
 from bitwise import first_difference
 from dte_codec import encode_delta, encode_full
-from dte_codec.apply import Staged
-from dte_codec.geometry import materialize
+from dte_codec.apply import Staged, check_fit
+from dte_codec.geometry import Piece, Shard, TensorSpec, materialize
 from dte_codec.layouts import ModelConfig, canonical_tensors, hf_shard
 from dte_codec.megatron_layout import MegatronLayout, megatron_shard
-from dte_codec.parts import assemble, box_part
+from dte_codec.parts import assemble, box_part, sparse_part
 from dte_codec.header import Kind
+from dte_codec.region import Box
 from dte_codec.sglang_layout import SGLangLayout, sglang_shard
 from dte_detector import diff
 from dte_transport import Receiver, Rejection
@@ -245,3 +246,72 @@ def test_full_versions_after_one_that_passed_are_still_checked():
             "tensor 'model.norm.weight': shape: expected (16,), got (17,)") == (
         ack.accepted, ack.version, ack.rejection, ack.detail)
     assert first_difference(_expected(shard, _canonical(DENSE, 2)), receiver.weights) is None
+
+
+def test_deltas_are_checked_once_per_table_skeleton(monkeypatch):
+    """A stream's deltas are checked against the canonical tensors once per table
+    skeleton (the first delta, whose skeleton the others are read through), then not
+    again; a delta whose table names another shape is still refused before
+    anything is written."""
+    from areal_dte import shard_stage
+    from dte_codec.header import _parsed_tables, _skeletons
+    _skeletons.clear()
+    _parsed_tables.clear()
+    calls = []
+    monkeypatch.setattr(shard_stage, "check_fit",
+                        lambda *args, **kw: calls.append(1) or check_fit(*args, **kw))
+    weights = _canonical(DENSE, 0)
+    shard, receiver = _ranks(DENSE, SGLangLayout(tp=2), weights)[0]
+    receiver.version, receiver.stream_id = 1, "s"
+    for version in range(2, 7):
+        new = _step(weights, version, 0.3)
+        for tensor in new.values():  # every tensor changes: the same table skeleton
+            tensor.view(-1).view(torch.int16)[0] += 1
+        data = encode_delta(new, {n: diff(weights[n], new[n]) for n in new}, stream_id="s",
+                            base_version=version - 1, version=version)
+        weights = new
+        assert receiver.receive(data).accepted
+        assert first_difference(_expected(shard, weights), receiver.weights) is None
+    assert 1 == len(calls)
+    new = _step(weights, 7, 0.3)
+    changes = {n: diff(weights[n], new[n]) for n in new}
+    new["model.norm.weight"] = torch.zeros(17, dtype=torch.bfloat16)
+    changes["model.norm.weight"] = diff(torch.ones(17, dtype=torch.bfloat16),
+                                        new["model.norm.weight"])
+    ack = receiver.receive(encode_delta(new, changes, stream_id="s", base_version=6,
+                                        version=7))
+    assert (False, 6, Rejection.MISMATCH,
+            "tensor 'model.norm.weight': shape: expected (16,), got (17,)") == (
+        ack.accepted, ack.version, ack.rejection, ack.detail)
+    assert first_difference(_expected(shard, weights), receiver.weights) is None
+
+
+def test_entries_of_one_tensor_are_checked_for_overlap_every_delta():
+    """Deltas whose entries reach one tensor twice (two senders' index sets) are checked
+    for overlap every time, though their table skeleton passed before: a delta sending
+    one index twice is refused and nothing is written."""
+    spec = TensorSpec((8,), torch.bfloat16)
+    whole = Box.whole((8,))
+    shard = Shard(rank=0, tensors={"w": spec},
+                  pieces=[Piece(tensor="w", local=whole, canonical="w", region=whole)])
+    base = torch.randn(8).bfloat16()
+    local = {"w": base.clone()}
+    receiver = Receiver(local, stage=ShardStage.of(shard, shard, local))
+    receiver.version, receiver.stream_id = 1, "s"
+
+    def delta(first: int, second: int, version: int):
+        old = local["w"].clone()
+        new = old + 1
+        parts = [sparse_part("w", new[[k]], shape=(8,), indices=torch.tensor([k]),
+                             base_low=old[[k]], base_high=old[[k]]) for k in (first, second)]
+        return assemble(parts, stream_id="s", kind=Kind.DELTA, base_version=version - 1,
+                        version=version)
+
+    for version, (first, second) in enumerate([(1, 6), (2, 5), (0, 7)], start=2):
+        assert receiver.receive(delta(first, second, version)).accepted
+    held = local["w"].clone()
+    ack = receiver.receive(delta(3, 3, 5))
+    assert (False, 4, Rejection.MISMATCH,
+            "tensor 'w': entries: expected disjoint regions, got an index sent twice") == (
+        ack.accepted, ack.version, ack.rejection, ack.detail)
+    assert torch.equal(held.view(torch.int16), local["w"].view(torch.int16))

@@ -79,7 +79,8 @@ class ShardStage:
     entries of full versions, by table, regions, device and alignment."""
     _fitted: _Recent = attrs.field(factory=lambda: _Recent(), init=False, eq=False,
                                    repr=False)
-    """The tables and regions of the last few full payloads that passed ``check_fit``."""
+    """The tables and regions of the last few full payloads, and the table skeletons of
+    the last few deltas, that passed ``check_fit``."""
     _held: list[_Local] = attrs.field(factory=list, init=False, eq=False, repr=False)
     """The local tensors as the last full payload found them (``_local``)."""
 
@@ -147,14 +148,21 @@ class ShardStage:
     def _fit(self, payload: Payload) -> Kind:
         """``check_fit`` against the canonical tensors. It reads only the table and the
         regions, so a full payload with the table and regions of one that passed passes
-        too: a stream's full versions are checked once."""
-        if payload.header.kind != Kind.FULL:
-            return check_fit(self.canonical, [payload])
-        key = (payload.header.entries, payload.indices)
+        too: a stream's full versions are checked once. A delta's checks read only its
+        entries' names, dtypes and shapes where no tensor has two entries (nothing to
+        overlap): its deltas are checked once per table skeleton."""
+        header = payload.header
+        if header.kind == Kind.FULL:
+            key = (header.entries, payload.indices)
+        else:
+            skeleton = header.skeleton()
+            if skeleton is None or not skeleton.unique_names:
+                return check_fit(self.canonical, [payload])
+            key = (skeleton,)
         if self._fitted.get(key) is _MISSING:
             check_fit(self.canonical, [payload])
-            self._fitted.put(key, Kind.FULL)
-        return Kind.FULL
+            self._fitted.put(key, header.kind)
+        return header.kind
 
     def _sparse(self, weights: Mapping[str, torch.Tensor],
                 entries: list[tuple[Entry, torch.Tensor, tuple[torch.Tensor, ...]]]
@@ -190,7 +198,7 @@ class ShardStage:
                 [(entry, where, sections) for entry, where, sections in
                  zip(payload.header.entries, payload.indices, payload.values)
                  if not isinstance(where, Box)], device)
-        if sparse is None or not sparse.entries:
+        if sparse is None or not sparse.names:
             return None
         return stage_routed(self._routes_on(device, weights), weights, sparse)
 

@@ -20,6 +20,7 @@ import numpy as np
 
 from .header import (ALIGNMENT, BOX_FIELD_BYTES, INDEX32_LIMIT, MAX_NDIM, RESIDUE_DTYPES, Entry,
                      IndexEncoding, Kind, ValueEncoding, index_itemsizes)
+from .table_skeleton import Entries
 
 EXACT_NUMEL = 2**40
 """Largest tensor (exclusive) whose section sizes the columns compute: every size and
@@ -61,7 +62,8 @@ class EntryTable:
 
     def __init__(self, entries: Sequence[Entry]):
         self.entries = entries
-        self.columns = _columns(entries)
+        # a table read through its skeleton comes with its columns
+        self.columns = entries.columns if isinstance(entries, Entries) else _columns(entries)
         self._passed: set[Kind] = set()
 
     def validate(self, kind: Kind) -> None:
@@ -105,7 +107,8 @@ class EntryTable:
         """``Entry.section_sizes`` of each entry, in order (from the columns for a valid
         table of tensors under ``EXACT_NUMEL`` elements)."""
         c = self.columns
-        if (not self.valid(Kind.DELTA) or len(self.entries) >= EXACT_ENTRIES
+        valid = Kind.DELTA in self._passed or self.valid(Kind.DELTA)  # validated: known
+        if (not valid or len(self.entries) >= EXACT_ENTRIES
                 or (len(self.entries) and int(c["numel"].max()) >= EXACT_NUMEL)):
             sizes = [e.section_sizes() for e in self.entries]
             return Sections(tuple(s for entry in sizes for s in entry), tuple(map(len, sizes)),

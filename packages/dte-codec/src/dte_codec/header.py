@@ -12,6 +12,7 @@ import math
 import numbers
 import struct
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import attrs
@@ -25,6 +26,7 @@ if TYPE_CHECKING:
     import numpy as np
 
     from .entry_table import EntryTable, Sections
+    from .table_skeleton import Entries, Skeleton
 
 MAGIC = b"DTEP"
 CODEC_VERSION = 3
@@ -213,6 +215,11 @@ def _check(tensor: str | None, field: str, expected: object, got: object, ok: bo
         raise HeaderError(field, expected=expected, got=got, tensor=tensor)
 
 
+def _entries(entries: Sequence[Entry]) -> tuple[Entry, ...] | Entries:
+    from .table_skeleton import Entries
+    return entries if isinstance(entries, (tuple, Entries)) else tuple(entries)
+
+
 @attrs.frozen(kw_only=True)
 class Header:
     """Identity and table of contents of one payload, full or delta."""
@@ -222,7 +229,9 @@ class Header:
     base_version: int
     """The version a delta applies onto; ``NO_BASE`` (-1) for full payloads."""
     payload_version: int
-    entries: tuple[Entry, ...] = attrs.field(converter=tuple)
+    entries: tuple[Entry, ...] = attrs.field(converter=_entries)
+    """The entries; read through a ``table_skeleton.Skeleton``, an ``Entries`` that
+    builds each ``Entry`` when first asked for (equal to the tuple of them)."""
 
     def body_size(self) -> int:
         return self._body_size
@@ -247,6 +256,18 @@ class Header:
         # a delta's table differs from sync to sync: remembering it would cost a hash per
         # entry and never hit
         return (_entry_table if self.kind == Kind.FULL else _new_table)(self.entries)
+
+    def skeleton(self) -> Skeleton | None:
+        """The ``Skeleton`` this header's table was read through (the same object for
+        every header of that table shape: its names, dtypes and shapes, in order), or None
+        where it was not."""
+        from .table_skeleton import Entries
+        return self.entries.skeleton if isinstance(self.entries, Entries) else None
+
+    def names(self) -> tuple[str, ...]:
+        """The entries' tensor names, in order (from the skeleton, building no entry)."""
+        skeleton = self.skeleton()
+        return skeleton.names if skeleton is not None else tuple(e.name for e in self.entries)
 
     def validate(self) -> None:
         """Check header fields and every entry; raise ``HeaderError`` naming the field."""
@@ -347,7 +368,8 @@ _pack_table = functools.lru_cache(maxsize=TABLE_CACHE)(_pack_entries)
 
 
 _parsed_tables: dict[tuple[bytes, int], tuple[Entry, ...]] = {}
-"""Entry tables read before, by their bytes and entry count (at most ``TABLE_CACHE``)."""
+"""Full entry tables read before, by their bytes and entry count (at most
+``TABLE_CACHE``)."""
 
 
 def _pack_entry(entry: Entry) -> bytes:
@@ -421,24 +443,36 @@ class _Reader:
         _check(None, "body_length", header.body_size(), body, header.body_size() == body)
         return header, align(length)
 
-    def entries(self, count: int, kind: Kind) -> tuple[Entry, ...]:
-        """The ``count`` entries filling the rest of a header of ``kind`` (a table read
-        before is taken from ``_parsed_tables``: one dictionary look-up instead of
-        O(entries) work; a full one equal to a table this process built, from ``_built``)."""
-        key = (bytes(self.data[self.pos:]), count)
-        entries = _parsed_tables.get(key)
-        if entries is None:
-            entries = _read_table(key[0], count)
-            if entries is None:  # some field is wrong: the field by field reading names it
-                entries = tuple(self.entry() for _ in range(count))
-                _check(None, "header_length", self.pos, len(self.data),
-                       self.pos == len(self.data))
-            if kind == Kind.FULL:  # a delta's table is new each sync: no hashing it
-                entries = _built.get(entries, entries)
-            if len(_parsed_tables) >= TABLE_CACHE:
-                _parsed_tables.pop(next(iter(_parsed_tables)), None)  # oldest first
-            _parsed_tables[key] = entries
+    def entries(self, count: int, kind: Kind) -> tuple[Entry, ...] | Entries:
+        """The ``count`` entries filling the rest of a header of ``kind``. A full table
+        read before is taken from ``_parsed_tables`` (one dictionary look-up instead of
+        O(entries) work; one equal to a table this process built, from ``_built``). A
+        delta's table, new each sync (its counts move), is read through the skeleton of
+        the stream's previous one, else field by field, its skeleton then kept."""
+        table = bytes(self.data[self.pos:])
+        if kind == Kind.DELTA:
+            entries = _by_skeleton(table, count)
+            if entries is None:
+                entries = _keep_skeleton(self._read(table, count), table)
+        else:
+            key = (table, count)
+            entries = _parsed_tables.get(key)
+            if entries is None:
+                read = self._read(table, count)
+                entries = _built.get(read, read)
+                if len(_parsed_tables) >= TABLE_CACHE:
+                    _parsed_tables.pop(next(iter(_parsed_tables)), None)  # oldest first
+                _parsed_tables[key] = entries
         self.pos = len(self.data)
+        return entries
+
+    def _read(self, table: bytes, count: int) -> tuple[Entry, ...]:
+        """The entries of ``table``, read field by field (``HeaderError`` naming the first
+        wrong one)."""
+        entries = _read_table(table, count)
+        if entries is None:  # some field is wrong: the field by field reading names it
+            entries = tuple(self.entry() for _ in range(count))
+            _check(None, "header_length", self.pos, len(self.data), self.pos == len(self.data))
         return entries
 
     def entry(self) -> Entry:
@@ -456,6 +490,35 @@ class _Reader:
                      index_width=index_width, index_escapes=index_esc,
                      value_encoding=self.enum(ValueEncoding, value_enc, "value_encoding", name),
                      value_width=value_width, value_escapes=value_esc)
+
+
+_skeletons: dict[tuple[int, int], Skeleton] = {}
+"""The skeletons of the delta tables read last, by table size and entry count (at most
+``TABLE_CACHE``): a stream's next delta is read through its stream's one."""
+
+
+def _by_skeleton(table: bytes, count: int) -> Entries | None:
+    """The entries of a delta's ``table`` read through the skeleton kept for its size and
+    count; None where there is none or it does not hold the table."""
+    from .table_skeleton import Entries
+    skeleton = _skeletons.get((len(table), count))
+    columns = None if skeleton is None else skeleton.read(table)
+    return None if columns is None else Entries(skeleton, columns)
+
+
+def _keep_skeleton(entries: tuple[Entry, ...], table: bytes) -> tuple[Entry, ...] | Entries:
+    """Keep the skeleton of a delta's ``table``, read field by field into ``entries``;
+    return the entries as read through it (``entries`` where it cannot hold them)."""
+    from .table_skeleton import Entries, Skeleton
+    if not Skeleton.holds(entries):
+        return entries
+    key = (len(table), len(entries))
+    _skeletons.pop(key, None)
+    if len(_skeletons) >= TABLE_CACHE:
+        _skeletons.pop(next(iter(_skeletons)))  # oldest first
+    skeleton = _skeletons[key] = Skeleton(entries, table)
+    columns = skeleton.read(table)
+    return entries if columns is None else Entries(skeleton, columns, made=entries)
 
 
 _INDEX_ENCODINGS = {m.value: m for m in IndexEncoding}

@@ -79,6 +79,9 @@ class Routes:
     _rows: dict[str, np.ndarray] = attrs.field(factory=dict, init=False, eq=False, repr=False)
     """Per source tensor, its columns of ``route_kernel``'s entry table (from NUMEL to
     the sizes), made on first use."""
+    _columns: dict[tuple[str, ...], np.ndarray] = attrs.field(
+        factory=dict, init=False, eq=False, repr=False)
+    """The columns of the names last given to ``source_columns``."""
     _targets: dict[tuple[int, ...], torch.Tensor] = attrs.field(
         factory=dict, init=False, eq=False, repr=False)
     """The device table of the local tensors' addresses, by those addresses (the last
@@ -141,20 +144,26 @@ class Routes:
         """Whether every tensor of ``names`` has routes."""
         return all(name in self.sources for name in names)
 
-    def source_columns(self, names: Sequence[str]) -> np.ndarray:
+    def source_columns(self, names: tuple[str, ...]) -> np.ndarray:
         """``route_kernel``'s entry columns NUMEL to the sizes of each source tensor of
-        ``names`` (columns x names)."""
+        ``names`` (columns x names; a new array, the caller's to change)."""
+        columns = self._columns.get(names)
+        if columns is not None:  # a stream's deltas: the same names
+            return columns.copy()
         rows = self._rows
         missing = [name for name in names if name not in rows]
         for name in missing:
             s = self.sources[name]
             rows[name] = np.array([s.numel, s.first, s.count, 0, s.lookup_at, s.lookup_dim,
                                    *s.strides, *s.sizes], dtype=np.int64)
-        return np.stack([rows[name] for name in names], axis=1)
+        columns = np.stack([rows[name] for name in names], axis=1)
+        self._columns.clear()
+        self._columns[names] = columns
+        return columns.copy()
 
     def target_addresses(self, weights: Mapping[str, torch.Tensor]) -> torch.Tensor:
         """The local tensors' addresses, in ``tensors`` order, as a device table."""
-        key = tuple(weights[name].data_ptr() for name in self.tensors)
+        key = tuple(map(torch.Tensor.data_ptr, map(weights.__getitem__, self.tensors)))
         table = self._targets.get(key)
         if table is None:
             self._targets.clear()
@@ -197,7 +206,8 @@ class SparseEntries:
     """Sparse entries of a payload as the kernels read them: numpy columns of their
     header fields and of the addresses of their indices and value sections."""
 
-    entries: tuple[Entry, ...]
+    names: tuple[str, ...]
+    """The entries' tensor names."""
     columns: Mapping[str, np.ndarray]
     """``Header.columns`` of these entries."""
     index_at: np.ndarray
@@ -219,7 +229,10 @@ class SparseEntries:
         indices = flat.indices.flat
         value_at, fields_bytes = flat.value_sections()
         body = flat.body.data_ptr()
-        return cls(tuple(flat.header.entries[k] for k in picked.tolist()),
+        names = flat.header.names()
+        if picked.size != len(names):
+            names = tuple(map(names.__getitem__, picked.tolist()))
+        return cls(names,
                    {name: column[picked] for name, column in columns.items()},
                    indices.data_ptr() + (np.cumsum(counts) - counts) * indices.element_size(),
                    np.full(picked.size, indices.element_size(), dtype=np.int64),
@@ -242,7 +255,7 @@ class SparseEntries:
         table = EntryTable(tuple(e for e, _, _ in entries))
         if table.columns is None:
             return None
-        return cls(table.entries, table.columns,
+        return cls(tuple(e.name for e in table.entries), table.columns,
                    np.array([i.data_ptr() for i in indices], dtype=np.int64),
                    np.array([i.element_size() for i in indices], dtype=np.int64),
                    value_at, np.array([ss[0].numel() for ss in sections], dtype=np.int64),
@@ -261,8 +274,7 @@ def stage_routed(routes: Routes, weights: Mapping[str, torch.Tensor],
     from . import route_kernel as kernel
     device = routes.table.device
     encodings = sparse.columns["value_encoding"]
-    if (not sparse.entries or sparse.device != device
-            or not routes.covers([e.name for e in sparse.entries])
+    if (not sparse.names or sparse.device != device or not routes.covers(sparse.names)
             or not ((encodings == ValueEncoding.RAW)
                     | (encodings == ValueEncoding.RESIDUE)).all()):
         return None
@@ -270,7 +282,7 @@ def stage_routed(routes: Routes, weights: Mapping[str, torch.Tensor],
     flags = torch.zeros(_FLAGS, dtype=torch.int64, device=device)
     if moves.total:
         with on_device(device):
-            kernel.route(moves.entries, moves.block_seg, len(sparse.entries), routes.table,
+            kernel.route(moves.entries, moves.block_seg, len(sparse.names), routes.table,
                          routes.lookup, moves.tensor_of, moves.flat_of, flags,
                          narrow=routes.narrow)
     gathered = moves.gather()
@@ -317,7 +329,7 @@ class _Moves:
         counts, itemsize = sparse.columns["count"], sparse.columns["itemsize"]
         blocks = -(-counts // BLOCK)
         sizes = -(-(counts * itemsize) // _WORD) * _WORD
-        columns = routes.source_columns([e.name for e in sparse.entries])
+        columns = routes.source_columns(sparse.names)
         columns[ITEMSIZE.value - NUMEL.value] = itemsize
         table = host_table(np.concatenate([
             np.stack([np.cumsum(blocks) - blocks, sparse.index_at, sparse.index_size]),
