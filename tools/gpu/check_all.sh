@@ -18,7 +18,7 @@ python3 -m pytest -q -p no:cacheprovider -m "gpu or not gpu" \
   packages/dte-codec/tests/test_decode.py packages/dte-codec/tests/test_entry_table.py \
   packages/dte-codec/tests/test_warmup.py packages/dte-codec/tests/test_tensor_set.py \
   packages/areal-dte/tests/test_shard_stage_routes.py packages/areal-dte/tests/test_torch_actor.py \
-  tests/test_flat_changes.py > "$OUT/gpu_tests.log" 2>&1 || status=1
+  packages/dte-codec/tests/test_table_skeleton.py tests/test_flat_changes.py > "$OUT/gpu_tests.log" 2>&1 || status=1
 tail -3 "$OUT/gpu_tests.log"
 python3 tools/bench_sync.py --steps 10 --warmup-steps 2 --profile --sha "$SHA" \
   --out "$OUT/adamw" 2>&1 | grep "^|" || status=1
