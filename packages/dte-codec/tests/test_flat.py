@@ -5,14 +5,13 @@ on a GPU only; here they are called directly, on the CPU.)"""
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import torch
 
 from dte_codec.decode import decode_batched
 from dte_codec.encode import encode_delta_batched, encode_delta_per_tensor
 from dte_codec.errors import EncodeError
-from dte_codec.fields import Body, Segments, block_segments, host_block_segments
+from dte_codec.fields import Body, Segments, block_segments
 from dte_codec.indices import _bitmap, _elias_fano, _gap8, _raw, choose_indices, encode_indices
 from hypothesis import example, given
 from hypothesis import strategies as st
@@ -165,5 +164,3 @@ def test_block_segments_name_each_blocks_owner(blocks):
     expected = [s for s, n in enumerate(blocks) for _ in range(n)]
     owners = block_segments(torch.tensor(blocks, dtype=torch.int64), sum(blocks))
     assert (torch.int32, expected) == (owners.dtype, owners.tolist())
-    built = host_block_segments(np.array(blocks, dtype=np.int64), torch.device("cpu"))
-    assert (torch.int32, expected) == (built.dtype, built.tolist())

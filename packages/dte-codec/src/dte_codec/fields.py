@@ -188,18 +188,7 @@ def host_table(columns: list[list[int]] | np.ndarray, device: torch.device) -> t
 
     One host-to-device copy; from pinned memory on CUDA, so it does not wait for the GPU.
     """
-    return _copied(torch.from_numpy(np.ascontiguousarray(columns, dtype=np.int64)), device)
-
-
-def host_block_segments(blocks: np.ndarray, device: torch.device) -> torch.Tensor:
-    """``block_segments`` of the host array ``blocks``, built on the host and copied like a
-    table: one copy instead of four device ops and their launches, for a caller that
-    holds the blocks on the host anyway (a few bytes per block)."""
-    return _copied(torch.from_numpy(np.repeat(np.arange(len(blocks), dtype=np.int32), blocks)),
-                   device)
-
-
-def _copied(table: torch.Tensor, device: torch.device) -> torch.Tensor:
+    table = torch.from_numpy(np.ascontiguousarray(columns, dtype=np.int64))
     if device.type == "cuda":
         return table.pin_memory().to(device, non_blocking=True)
     return table.to(device, copy=True)  # not a view of the caller's array
