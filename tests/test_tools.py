@@ -43,11 +43,18 @@ def test_bench_actor_checks_runs():
 
 
 def test_bench_encode_host_runs():
-    """The encoders' host-time benchmark prints one Markdown row for both encoders."""
-    (row,) = run_tool("tools/bench_encode_host.py", "--reps", "2")
-    assert re.fullmatch(r"\| encode host  \| 290 tensors, 145 changed \| encode_delta [\d.]+ ms "
-                        r"\(least [\d.]+\) \| encode_full [\d.]+ ms \(least [\d.]+\) \|.* \|.* \| "
-                        r"\d{4}-\d\d-\d\d \|", row), row
+    """The encoders' host-time benchmark prints a Markdown row per delta case (145
+    matrices changed; all 290 as per-tensor views and as a detector's flat runs) and one
+    for the full encoder."""
+    rows = run_tool("tools/bench_encode_host.py", "--reps", "2")
+    cases = ["145 changed (matrices changed)", "290 changed (all changed, views)",
+             "290 changed (all changed, flat)"]
+    tail = r" ms \(least [\d.]+\) \|.* \|.* \| \d{4}-\d\d-\d\d \|"
+    patterns = [rf"\| encode host  \| 290 tensors, {re.escape(case)} \| encode_delta [\d.]+{tail}"
+                for case in cases] + [rf"\| encode host  \| 290 tensors \| encode_full [\d.]+{tail}"]
+    assert len(patterns) == len(rows), rows
+    for pattern, row in zip(patterns, rows):
+        assert re.fullmatch(pattern, row), row
 
 
 @pytest.mark.parametrize("gpus", ["1", "2"])
