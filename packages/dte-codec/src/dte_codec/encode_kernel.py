@@ -35,7 +35,7 @@ import triton
 import triton.language as tl
 
 from .dispatch import on_device
-from .fields import block_segments, host_table
+from .fields import block_segments, staged_table
 from .header import IndexEncoding, ValueEncoding
 from .kernel_bits import (bit_length, column, load_uniform, order_key, owned_block, packs,
                           put_fields, put_packed, width_mask)
@@ -292,7 +292,7 @@ class FusedFlat:
                             known.bits[rows], table.residue[rows], changes.index_at[rows],
                             changes.index_size[rows], pointers, table.itemsize[rows],
                             changes.low_at[rows], changes.high_at[rows]]).astype(np.int64)
-        self.items = host_table(columns, device)
+        self.items = staged_table(columns, device)
         self.block_seg = block_segments(self.items[_BLOCKS], self.blocks)
         self.codes = torch.empty(self.blocks * BLOCK, dtype=torch.uint8, device=device)
 
