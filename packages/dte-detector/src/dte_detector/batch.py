@@ -15,9 +15,9 @@ no tables and copies nothing to the device. A plan holds no tensor of the caller
 
 Each group costs one host synchronisation, to size its outputs, and the next group's
 pass is queued before the host waits, so the device does not idle while the host reads
-the sizes (the sizes travel behind an event through pinned memory allocated once per device,
-not per group). The scratch slabs
-(about one byte per element) then stay bounded by two groups' worth.
+the sizes (the sizes travel behind an event through pinned memory allocated once per
+device, not per group). The scratch slabs (about one byte per element) then stay bounded
+by two groups' worth.
 """
 
 from __future__ import annotations
