@@ -97,12 +97,11 @@ def encode_delta_flat(tensors: Mapping[str, torch.Tensor], changes: Mapping[str,
         header, bad_header = None, error
     stats = pending.cpu().numpy()  # host sync 1 of 2
     segments = len(picked)
-    if stats[segments:2 * segments].any():  # invalid indices
+    if stats[:, 1].any():  # invalid indices
         return None
     if bad_header is not None:
         raise bad_header
-    chosen = counted.plan(gap_escapes=stats[:segments],
-                          hist=stats[2 * segments:].reshape(segments, bins), device=device)
+    chosen = counted.plan(gap_escapes=stats[:, 0], hist=stats[:, 2:], device=device)
     body = flat.write(chosen.layout)
     for s in np.flatnonzero(chosen.layout.dense_offsets >= 0).tolist():
         offset = int(chosen.layout.dense_offsets[s])
@@ -171,11 +170,11 @@ class TorchFlat:
                                        for v in (values, lows, highs)))
 
     def stats(self, bins: int) -> torch.Tensor:
-        """On the device, per tensor: gaps over a byte, invalid indices, and the histogram
-        of the residue widths ``0..bins-1`` that values need."""
+        """On the device, per tensor (rows): gaps over a byte, invalid indices, and the
+        histogram of the residue widths ``0..bins-1`` that values need (columns)."""
         segs = self.segs
-        hist = segs.histogram(self.need, bins).reshape(-1)
-        return torch.cat([segs.sums(self.wide), segs.sums(self.bad), hist])
+        return torch.cat([segs.sums(self.wide)[:, None], segs.sums(self.bad)[:, None],
+                          segs.histogram(self.need, bins)], 1)
 
     def write(self, layout: Layout) -> torch.Tensor:
         """The body laid out by ``layout`` as uint8 on the device, dense entries left zero."""
