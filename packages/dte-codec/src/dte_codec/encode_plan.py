@@ -290,13 +290,14 @@ class Counted:
         sizes = _section_sizes(count, table, index, value)
         dense_bytes = table.numel * table.itemsize
         dense = sizes.sum(1) >= dense_bytes
-        keep = ~dense
-        count = np.where(dense, table.numel, count)
-        index = IndexChoice(np.where(dense, _DENSE, index.encoding),
-                            index.width * keep, index.escapes * keep)
-        value = ValueChoice(value.encoding * keep, value.width * keep, value.escapes * keep)
-        sizes = np.where(dense[:, None], 0, sizes)
-        sizes[:, 2] = np.where(dense, dense_bytes, sizes[:, 2])
+        if dense.any():  # usually none: a delta is sent because it is sparse
+            keep = ~dense
+            count = np.where(dense, table.numel, count)
+            index = IndexChoice(np.where(dense, _DENSE, index.encoding),
+                                index.width * keep, index.escapes * keep)
+            value = ValueChoice(value.encoding * keep, value.width * keep, value.escapes * keep)
+            sizes = np.where(dense[:, None], 0, sizes)
+            sizes[:, 2] = np.where(dense, dense_bytes, sizes[:, 2])
         aligned = (sizes + (ALIGNMENT - 1)) & -ALIGNMENT  # ALIGNMENT: a power of two
         ends = np.cumsum(aligned.reshape(-1)).reshape(aligned.shape)
         starts = (ends - aligned) * BYTE_BITS
