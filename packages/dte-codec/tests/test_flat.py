@@ -5,13 +5,14 @@ on a GPU only; here they are called directly, on the CPU.)"""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
 from dte_codec.decode import decode_batched
 from dte_codec.encode import encode_delta_batched, encode_delta_per_tensor
 from dte_codec.errors import EncodeError
-from dte_codec.fields import Body, Segments, block_segments
+from dte_codec.fields import Body, PinnedStage, Segments, block_segments, staged_table
 from dte_codec.indices import _bitmap, _elias_fano, _gap8, _raw, choose_indices, encode_indices
 from hypothesis import example, given
 from hypothesis import strategies as st
@@ -164,3 +165,27 @@ def test_block_segments_name_each_blocks_owner(blocks):
     expected = [s for s, n in enumerate(blocks) for _ in range(n)]
     owners = block_segments(torch.tensor(blocks, dtype=torch.int64), sum(blocks))
     assert (torch.int32, expected) == (owners.dtype, owners.tolist())
+
+
+def test_staged_tables_equal_host_tables_off_cuda():
+    """Off CUDA a staged table is ``host_table``'s: the rows, as an int64 copy."""
+    columns = np.arange(12, dtype=np.int64).reshape(3, 4)
+    table = staged_table(columns, torch.device("cpu"))
+    columns[0, 0] = 99  # a copy, not a view of the caller's array
+    assert (torch.int64, [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11]]) == (table.dtype,
+                                                                            table.tolist())
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="pinned memory and CUDA events")
+def test_a_pinned_stage_never_overwrites_a_table_still_being_copied():
+    """Tables through a stage of 10 words, queued behind a long kernel so that no copy
+    has run when the buffer wraps: every table arrives as written (reusing the buffer
+    before its copies completed would deliver later tables' words)."""
+    stage = PinnedStage(torch.device("cuda"), words=10)
+    torch.cuda._sleep(200_000_000)  # keeps the stream busy while the tables are queued
+    tables = [np.full((2, 2), k, dtype=np.int64) + np.arange(4).reshape(2, 2) for k in range(9)]
+    copied = [stage.table(t) for t in tables]
+    assert [t.tolist() for t in tables] == [c.tolist() for c in copied]
+    oversized = np.arange(11, dtype=np.int64)[None]
+    assert oversized.tolist() == stage.table(oversized).tolist()

@@ -333,3 +333,33 @@ def test_warm_up_compiles_every_kernel_a_sync_needs():
     assert cold["first"] == cold["second"]
     warm = _compilations("warm")
     assert warm["before"] == warm["first"] == warm["second"] > 0
+
+
+def test_pipelined_sizes_arrive_intact_through_the_reused_landing_buffer():
+    """Group sizes copied behind a long kernel, over calls that reuse the pinned landing
+    buffer, one of them nested in another's ``finish`` and one with more sizes than the
+    buffer holds: every ``finish`` sees exactly its group's sizes."""
+    from dte_detector import batch
+
+    seen: list[tuple[int, list[int]]] = []
+
+    def run(groups: list[int], width: int, nested: bool = False) -> None:
+        def launch(group: int) -> torch.Tensor:
+            torch.cuda._sleep(20_000_000)  # the copy stays queued while the host moves on
+            return torch.arange(width, device="cuda") + group * width
+
+        def finish(group: int, launched: torch.Tensor, sizes: list[int]) -> None:
+            seen.append((group, sizes))
+            if nested and group == groups[0]:
+                run([100, 101], 3)
+
+        batch.pipelined(groups, launch, lambda launched: launched, finish)
+
+    run([0, 1, 2], 5, nested=True)
+    run([3, 4], 7)
+    run([5, 6], batch.LANDING_WORDS // 2 + 1)
+    expected = {g: list(range(g * w, (g + 1) * w)) for g, w in
+                [(0, 5), (1, 5), (2, 5), (100, 3), (101, 3), (3, 7), (4, 7),
+                 (5, batch.LANDING_WORDS // 2 + 1), (6, batch.LANDING_WORDS // 2 + 1)]}
+    assert expected == dict(seen)
+    assert len(seen) == len(expected)

@@ -35,7 +35,7 @@ import triton
 import triton.language as tl
 
 from .dispatch import on_device
-from .fields import block_segments, host_table
+from .fields import block_segments, staged_table
 from .header import IndexEncoding, ValueEncoding
 from .kernel_bits import (bit_length, column, load_uniform, order_key, owned_block, packs,
                           put_fields, put_packed, width_mask)
@@ -292,19 +292,20 @@ class FusedFlat:
                             known.bits[rows], table.residue[rows], changes.index_at[rows],
                             changes.index_size[rows], pointers, table.itemsize[rows],
                             changes.low_at[rows], changes.high_at[rows]]).astype(np.int64)
-        self.items = host_table(columns, device)
+        self.items = staged_table(columns, device)
         self.block_seg = block_segments(self.items[_BLOCKS], self.blocks)
         self.codes = torch.empty(self.blocks * BLOCK, dtype=torch.uint8, device=device)
 
     def stats(self, bins: int) -> torch.Tensor:
-        """On the device, per tensor: gaps over a byte, invalid indices, and the histogram
-        of the residue widths ``0..bins-1`` that values need (``TorchFlat.stats``)."""
+        """On the device, per tensor (rows): gaps over a byte, invalid indices, and the
+        histogram of the residue widths ``0..bins-1`` that values need (columns;
+        ``TorchFlat.stats``)."""
         out = torch.zeros(self.segments, 2 + HIST_BINS, dtype=_INT64, device=self.device)
         if self.blocks:
             with on_device(self.device):
                 _stats[(self.blocks,)](self.items, self.block_seg, self.segments, self.codes,
                                        out, BLOCK=BLOCK, BINS=HIST_BINS, num_warps=WARPS)
-        return torch.cat([out[:, 0], out[:, 1], out[:, 2:2 + bins].reshape(-1)])
+        return out[:, :2 + bins]  # one copy when read, no concatenation
 
     def write(self, layout: Layout) -> torch.Tensor:
         """The body laid out by ``layout`` as uint8 on the device, dense entries left zero."""

@@ -6,6 +6,8 @@ instead of Python per tensor: ``choose_indices`` and ``choose_values`` (the one-
 case, which ``indices.encode_indices`` and ``values.encode_values`` call) pick the
 smallest encoding with the reference's tie order; ``Entry.section_sizes`` and the dense
 fallback follow in closed form; the layout is a prefix sum over the aligned sections.
+Candidate sizes that need only the change counts (``IndexSizes``, ``ValueSizes``) are
+computed before the statistics arrive (``prepare``), leaving comparisons for after.
 What depends only on the tensors (names, dtypes, shapes) is kept per tensor set
 (``tensor_set``, whose ``tensor_table`` a sync takes its changed rows from).
 """
@@ -20,9 +22,11 @@ import torch
 
 from .bits import BYTE_BITS
 from .entry_pack import FIELDS
-from .fields import host_table
+from .fields import staged_table
 from .header import (ALIGNMENT, INDEX32_LIMIT, RESIDUE_DTYPES, Entry, IndexEncoding,
                      ValueEncoding, index_itemsizes)
+
+assert ALIGNMENT & (ALIGNMENT - 1) == 0, "sections are aligned with a mask"
 
 _NONE = np.iinfo(np.int64).max
 """The size of a candidate that is not allowed."""
@@ -48,7 +52,8 @@ def _bit_length(x: np.ndarray) -> np.ndarray:
 
 
 def _ceil8(x: np.ndarray) -> np.ndarray:
-    return -(-x // BYTE_BITS)
+    """Bytes that hold ``x`` bits (non-negative): a shift, cheaper than a division."""
+    return (x + (BYTE_BITS - 1)) >> 3
 
 
 @attrs.frozen
@@ -65,23 +70,94 @@ class ValueChoice:
     escapes: np.ndarray
 
 
+@attrs.frozen
+class IndexSizes:
+    """Per tensor, what its index encodings cost from its count and numel alone: every
+    candidate but GAP8 (whose size needs the gaps over a byte), so that only a comparison
+    is left once the statistics arrive."""
+
+    count: np.ndarray
+    itemsize: np.ndarray
+    """Index itemsize of the tensor's numel (INT32 or INT64)."""
+    low: np.ndarray
+    """Elias-Fano low bits."""
+    encoding: np.ndarray
+    """The first smallest of raw, Elias-Fano and bitmap."""
+    gap_limit: np.ndarray
+    """GAP8 wins when its size is below this: it must beat raw strictly (raw comes
+    first), and tie Elias-Fano and bitmap (it comes before them)."""
+
+    @classmethod
+    def of(cls, count: np.ndarray, numel: np.ndarray) -> IndexSizes:
+        size = index_itemsizes(numel)
+        raw = count * size
+        low = np.maximum(_bit_length(numel // np.maximum(count, 1)) - 1, 0)
+        upper_bits = count + ((numel - 1) >> low) + 1
+        ef = _ceil8(count * low) + _ceil8(upper_bits)
+        bitmap = np.where(numel <= BYTE_BITS * raw, _ceil8(numel), _NONE)
+        other = np.minimum(ef, bitmap)
+        raw_wins = raw <= other
+        encoding = np.where(raw_wins, np.where(numel < INDEX32_LIMIT, _INT32, _INT64),
+                            np.where(ef <= bitmap, _ELIAS_FANO, _BITMAP))
+        return cls(count, size, low, encoding, np.where(raw_wins, raw, other + 1))
+
+    def choose(self, gap_escapes: np.ndarray) -> IndexChoice:
+        """The smallest encodings, given each tensor's gaps over a byte."""
+        gap = self.count + gap_escapes * self.itemsize < self.gap_limit
+        encoding = np.where(gap, _GAP8, self.encoding)
+        return IndexChoice(encoding, np.where(encoding == _ELIAS_FANO, self.low, 0),
+                           np.where(gap, gap_escapes, 0))
+
+
 def choose_index_encodings(count: np.ndarray, numel: np.ndarray, *,
                            gap_escapes: np.ndarray) -> IndexChoice:
     """Per tensor, the smallest index encoding from sizes alone; ties go to INT32/INT64,
     then GAP8, then ELIAS_FANO, then BITMAP (the first smallest candidate)."""
-    size = index_itemsizes(numel)
-    raw = count * size
-    low = np.maximum(_bit_length(numel // np.maximum(count, 1)) - 1, 0)
-    upper_bits = count + ((numel - 1) >> low) + 1
-    candidates = np.stack([raw, count + gap_escapes * size,
-                           _ceil8(count * low) + _ceil8(upper_bits),
-                           np.where(numel <= BYTE_BITS * raw, _ceil8(numel), _NONE)])
-    pick = candidates.argmin(0)
-    raw_encoding = np.where(numel < INDEX32_LIMIT, _INT32, _INT64)
-    encoding = np.choose(pick, [raw_encoding, _GAP8, _ELIAS_FANO,
-                                _BITMAP])
-    return IndexChoice(encoding.astype(np.int64), np.where(pick == 2, low, 0),
-                       np.where(pick == 1, gap_escapes, 0))
+    return IndexSizes.of(count, numel).choose(gap_escapes)
+
+
+@attrs.frozen
+class ValueSizes:
+    """Per tensor, what its value encodings cost apart from the histogram: the raw size,
+    and per residue width what an escape costs and whether the width is narrower than
+    the dtype."""
+
+    count: np.ndarray
+    residue: np.ndarray
+    raw: np.ndarray
+    width: np.ndarray
+    """The residue widths tried, ``1..bins-1`` (a row)."""
+    escape: np.ndarray
+    """Bytes of one escape (position and raw value), a column."""
+    escaped_all: np.ndarray
+    """Bytes of every value escaped, a column."""
+    allowed: np.ndarray
+
+    @classmethod
+    def of(cls, count: np.ndarray, itemsize: np.ndarray, residue: np.ndarray,
+           bins: int) -> ValueSizes:
+        width = np.arange(1, max(bins, 1), dtype=np.int64)
+        escape = (index_itemsizes(count) + itemsize)[:, None]
+        return cls(count, residue, count * itemsize, width, escape, count[:, None] * escape,
+                   width < itemsize[:, None] * BYTE_BITS)
+
+    def choose(self, hist: np.ndarray) -> ValueChoice:
+        """RESIDUE at the width that makes the values smallest (the narrowest on a tie),
+        or RAW when no width beats raw values or the dtype has no residues; ``hist``:
+        per tensor (rows), how many values need each residue width ``0..bins-1``."""
+        count = self.count
+        if not len(self.width):
+            zero = np.zeros_like(count)
+            return ValueChoice(np.full_like(count, _RAW), zero, zero)
+        covered = np.cumsum(hist[:, 1:], axis=1)
+        sizes = _ceil8(covered * self.width) + (self.escaped_all - covered * self.escape)
+        sizes[~self.allowed] = _NONE
+        at = sizes.argmin(1)
+        rows = np.arange(len(at))
+        chosen = self.residue & (sizes[rows, at] < self.raw)
+        escapes = count - hist[:, 0] - covered[rows, at]
+        return ValueChoice(np.where(chosen, _RESIDUE, _RAW), np.where(chosen, at + 1, 0),
+                           np.where(chosen, escapes, 0))
 
 
 def choose_value_encodings(count: np.ndarray, itemsize: np.ndarray, residue: np.ndarray,
@@ -89,17 +165,7 @@ def choose_value_encodings(count: np.ndarray, itemsize: np.ndarray, residue: np.
     """Per tensor (rows of ``hist``: how many values need each residue width), RESIDUE at
     the width that makes the values smallest (the narrowest on a tie), or RAW when no
     width beats raw values or the dtype has no residues."""
-    bins = hist.shape[1]
-    width = np.arange(1, max(bins, 1), dtype=np.int64)
-    covered = np.cumsum(hist[:, 1:], axis=1)
-    escape = (index_itemsizes(count) + itemsize)[:, None]
-    sizes = _ceil8(covered * width) + (count[:, None] - covered) * escape
-    sizes = np.where(width < itemsize[:, None] * BYTE_BITS, sizes, _NONE)
-    best = np.concatenate([(count * itemsize)[:, None], sizes], 1).argmin(1)
-    chosen = residue & (best > 0)
-    within = np.cumsum(hist, axis=1)[np.arange(len(best)), best] if bins else best * 0
-    return ValueChoice(np.where(chosen, _RESIDUE, _RAW).astype(np.int64),
-                       np.where(chosen, best, 0), np.where(chosen, count - within, 0))
+    return ValueSizes.of(count, itemsize, residue, hist.shape[1]).choose(hist)
 
 
 def choose_indices(count: int, numel: int, *, gap_escapes: int) -> dict[str, object]:
@@ -206,29 +272,55 @@ class Plan:
         return fields
 
 
+@attrs.frozen
+class Counted:
+    """What the plan of one payload needs from its tensors and their change counts alone,
+    computed while the device gathers the statistics (``prepare``)."""
+
+    table: TensorTable
+    count: np.ndarray
+    index: IndexSizes
+    value: ValueSizes
+
+    def plan(self, *, gap_escapes: np.ndarray, hist: np.ndarray, device: torch.device) -> Plan:
+        """The plan from the statistics: gaps over a byte and residue-width histograms
+        (rows, ``bins`` columns)."""
+        table, count = self.table, self.count
+        index, value = self.index.choose(gap_escapes), self.value.choose(hist)
+        sizes = _section_sizes(count, table, index, value)
+        dense_bytes = table.numel * table.itemsize
+        dense = sizes.sum(1) >= dense_bytes
+        if dense.any():  # usually none: a delta is sent because it is sparse
+            keep = ~dense
+            count = np.where(dense, table.numel, count)
+            index = IndexChoice(np.where(dense, _DENSE, index.encoding),
+                                index.width * keep, index.escapes * keep)
+            value = ValueChoice(value.encoding * keep, value.width * keep, value.escapes * keep)
+            sizes = np.where(dense[:, None], 0, sizes)
+            sizes[:, 2] = np.where(dense, dense_bytes, sizes[:, 2])
+        aligned = (sizes + (ALIGNMENT - 1)) & -ALIGNMENT  # ALIGNMENT: a power of two
+        ends = np.cumsum(aligned.reshape(-1)).reshape(aligned.shape)
+        starts = (ends - aligned) * BYTE_BITS
+        columns = _columns(count, table, index, value, starts, dense)
+        layout = Layout(staged_table(columns, device),
+                        np.where(dense, starts[:, 0] // BYTE_BITS, -1),
+                        int(ends[-1, -1]) if len(ends) else 0)
+        return Plan(table, count, index, value, layout)
+
+
+def prepare(table: TensorTable, count: np.ndarray, bins: int) -> Counted:
+    """What the plan of a payload of ``table``'s tensors with ``count`` changes each
+    needs before the statistics (histograms of ``bins`` residue widths) arrive."""
+    return Counted(table, count, IndexSizes.of(count, table.numel),
+                   ValueSizes.of(count, table.itemsize, table.residue, bins))
+
+
 def plan(table: TensorTable, count: np.ndarray, *, gap_escapes: np.ndarray, hist: np.ndarray,
          device: torch.device) -> Plan:
     """The plan of one payload from the per-tensor statistics: change counts, gaps over a
     byte and residue-width histograms (rows)."""
-    index = choose_index_encodings(count, table.numel, gap_escapes=gap_escapes)
-    value = choose_value_encodings(count, table.itemsize, table.residue, hist)
-    sizes = _section_sizes(count, table, index, value)
-    dense_bytes = table.numel * table.itemsize
-    dense = sizes.sum(1) >= dense_bytes
-    keep = ~dense
-    count = np.where(dense, table.numel, count)
-    index = IndexChoice(np.where(dense, _DENSE, index.encoding),
-                        index.width * keep, index.escapes * keep)
-    value = ValueChoice(value.encoding * keep, value.width * keep, value.escapes * keep)
-    sizes = np.where(dense[:, None], 0, sizes)
-    sizes[:, 2] = np.where(dense, dense_bytes, sizes[:, 2])
-    aligned = -(-sizes // ALIGNMENT) * ALIGNMENT
-    ends = np.cumsum(aligned.reshape(-1)).reshape(aligned.shape)
-    starts = (ends - aligned) * BYTE_BITS
-    columns = _columns(count, table, index, value, starts, dense)
-    layout = Layout(host_table(columns, device), np.where(dense, starts[:, 0] // BYTE_BITS, -1),
-                    int(ends[-1, -1]) if len(ends) else 0)
-    return Plan(table, count, index, value, layout)
+    return prepare(table, count, hist.shape[1]).plan(gap_escapes=gap_escapes, hist=hist,
+                                                     device=device)
 
 
 def _section_sizes(count: np.ndarray, table: TensorTable, index: IndexChoice,

@@ -16,6 +16,7 @@ fields never overlap, so every sum is a bitwise OR and never carries.
 from __future__ import annotations
 
 import sys
+import threading
 
 import attrs
 import numpy as np
@@ -201,3 +202,62 @@ def block_segments(blocks: torch.Tensor, total: int) -> torch.Tensor:
     constant. One device op, no host synchronization."""
     owners = torch.arange(blocks.numel(), dtype=torch.int32, device=blocks.device)
     return torch.repeat_interleave(owners, blocks, output_size=total)
+
+
+STAGE_WORDS = 1 << 17
+"""int64 words of a device's reusable pinned buffer for small tables (1 MiB)."""
+
+
+class PinnedStage:
+    """Small int64 tables copied to one CUDA device through one pinned host buffer
+    allocated once, where ``host_table`` pins a fresh array per table.
+
+    Tables go into the buffer back to back. Before the buffer is reused from its start,
+    the copies that read it must have completed: each copy is followed by an event on
+    its stream, and those events are waited for then (a sync later, long done). A table
+    larger than the buffer goes through ``host_table``.
+    """
+
+    def __init__(self, device: torch.device, words: int = STAGE_WORDS):
+        self.device = device
+        self._host = torch.empty(words, dtype=_INT64, pin_memory=True)
+        self._array = self._host.numpy()
+        self._at = 0
+        self._reads: dict[int, torch.cuda.Event] = {}
+        """Per stream, an event after its last copy from the buffer."""
+
+    def table(self, columns: np.ndarray) -> torch.Tensor:
+        """``host_table(columns, device)`` (an int64 array's rows) through the buffer."""
+        size = columns.size
+        if size > len(self._array):
+            return host_table(columns, self.device)
+        if self._at + size > len(self._array):
+            for read in self._reads.values():
+                read.synchronize()
+            self._reads.clear()
+            self._at = 0
+        at, self._at = self._at, self._at + size
+        self._array[at:self._at].reshape(columns.shape)[...] = columns
+        stream = torch.cuda.current_stream(self.device)
+        table = self._host[at:self._at].view(columns.shape).to(self.device, non_blocking=True)
+        read = self._reads.get(stream.stream_id)
+        if read is None:
+            read = self._reads[stream.stream_id] = torch.cuda.Event()
+        read.record(stream)
+        return table
+
+
+_stages = threading.local()
+
+
+def staged_table(columns: np.ndarray, device: torch.device) -> torch.Tensor:
+    """``host_table`` for a sync's small tables: on CUDA through the calling thread's
+    ``PinnedStage`` of the device, so no pinned memory is allocated per table."""
+    if device.type != "cuda":
+        return host_table(columns, device)
+    stages = _stages.__dict__
+    key = device.index if device.index is not None else torch.cuda.current_device()
+    stage = stages.get(key)
+    if stage is None:
+        stage = stages[key] = PinnedStage(torch.device("cuda", key))
+    return stage.table(np.asarray(columns, dtype=np.int64))

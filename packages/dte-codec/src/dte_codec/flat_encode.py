@@ -11,7 +11,9 @@ payload whatever the number of tensors:
    residue widths. One copy to the host (sync 1).
 2. On the host, every encoding follows in closed form from those numbers and the tensor's
    count and numel, with a few numpy ops over all tensors (``encode_plan``: encodings,
-   dense fallback, entries and body layout). What depends only on the tensor set (names,
+   dense fallback, entries and body layout); what follows from the counts alone (every
+   candidate size but those the statistics decide) is computed while the device counts
+   (``encode_plan.prepare``). What depends only on the tensor set (names,
    dtypes, shapes, addresses, each entry's packed bytes) is kept across syncs
    (``tensor_set``), so the Python per tensor left in a sync is reading its change set.
 3. One pass writes every field of every winning encoding into one zeroed body buffer on
@@ -40,7 +42,7 @@ from .bits import BYTE_BITS, bit_length, order_keys_by_width, width_mask
 from .body_digest import body_digest
 from .change_table import ChangeTable, Members, bounds_fit, change_counts, parts
 from .dispatch import fused
-from .encode_plan import Layout, plan
+from .encode_plan import Layout, prepare
 from .errors import EncodeError
 from .fields import Body, Segments, host_table
 from .header import RESIDUE_DTYPES, IndexEncoding, Kind, ValueEncoding, pack_head
@@ -87,7 +89,7 @@ def encode_delta_flat(tensors: Mapping[str, torch.Tensor], changes: Mapping[str,
     bins = int(bits.max()) if len(bits) else 0
     pending = flat.stats(bins)
     # while the device counts: what needs no statistics
-    table, templates = known.table.take(rows), known.templates
+    counted, templates = prepare(known.table.take(rows), count, bins), known.templates
     try:  # raised after the statistics, as the reference reports bad indices first
         header, bad_header = checked_header([], stream_id=stream_id, kind=Kind.DELTA,
                                             base_version=base_version, version=version), None
@@ -95,12 +97,11 @@ def encode_delta_flat(tensors: Mapping[str, torch.Tensor], changes: Mapping[str,
         header, bad_header = None, error
     stats = pending.cpu().numpy()  # host sync 1 of 2
     segments = len(picked)
-    if stats[segments:2 * segments].any():  # invalid indices
+    if stats[:, 1].any():  # invalid indices
         return None
     if bad_header is not None:
         raise bad_header
-    chosen = plan(table, count, gap_escapes=stats[:segments],
-                  hist=stats[2 * segments:].reshape(segments, bins), device=device)
+    chosen = counted.plan(gap_escapes=stats[:, 0], hist=stats[:, 2:], device=device)
     body = flat.write(chosen.layout)
     for s in np.flatnonzero(chosen.layout.dense_offsets >= 0).tolist():
         offset = int(chosen.layout.dense_offsets[s])
@@ -169,11 +170,11 @@ class TorchFlat:
                                        for v in (values, lows, highs)))
 
     def stats(self, bins: int) -> torch.Tensor:
-        """On the device, per tensor: gaps over a byte, invalid indices, and the histogram
-        of the residue widths ``0..bins-1`` that values need."""
+        """On the device, per tensor (rows): gaps over a byte, invalid indices, and the
+        histogram of the residue widths ``0..bins-1`` that values need (columns)."""
         segs = self.segs
-        hist = segs.histogram(self.need, bins).reshape(-1)
-        return torch.cat([segs.sums(self.wide), segs.sums(self.bad), hist])
+        return torch.cat([segs.sums(self.wide)[:, None], segs.sums(self.bad)[:, None],
+                          segs.histogram(self.need, bins)], 1)
 
     def write(self, layout: Layout) -> torch.Tensor:
         """The body laid out by ``layout`` as uint8 on the device, dense entries left zero."""

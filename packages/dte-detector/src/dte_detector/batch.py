@@ -15,14 +15,16 @@ no tables and copies nothing to the device. A plan holds no tensor of the caller
 
 Each group costs one host synchronisation, to size its outputs, and the next group's
 pass is queued before the host waits, so the device does not idle while the host reads
-the sizes (the sizes travel through pinned memory, behind an event). The scratch slabs
-(about one byte per element) then stay bounded by two groups' worth.
+the sizes (the sizes travel behind an event through pinned memory allocated once per
+device, not per group). The scratch slabs (about one byte per element) then stay bounded
+by two groups' worth.
 """
 
 from __future__ import annotations
 
 import functools
 import math
+import threading
 from collections.abc import Callable, Hashable, Sequence
 from typing import TypeVar
 
@@ -161,20 +163,81 @@ def pipelined(groups: Sequence[Group], launch: Callable[[Group], T],
     """Run ``launch`` over each group, and ``finish`` with the host copy of ``sizes`` (a
     small int64 device tensor), launching group ``k + 1`` before waiting for group ``k``."""
     pending = None
-    for group in [*groups, None]:
-        launched = None
-        if group is not None:
-            launched = launch(group)
-            small = sizes(launched)
-            cuda = small.is_cuda  # else the interpreter's CPU tensors: nothing to wait for
-            host = torch.empty(small.shape, dtype=torch.int64, pin_memory=cuda)
-            host.copy_(small, non_blocking=cuda)
-            ready = torch.cuda.Event() if cuda else None
-            if ready is not None:
-                ready.record()
-        if pending is not None:
-            done_group, done, done_host, done_ready = pending
-            if done_ready is not None:
-                done_ready.synchronize()
-            finish(done_group, done, done_host.tolist())
-        pending = None if group is None else (group, launched, host, ready)
+    landing = None
+    try:
+        for group in [*groups, None]:
+            launched = None
+            if group is not None:
+                launched = launch(group)
+                small = sizes(launched)
+                if small.is_cuda:
+                    if landing is None:
+                        landing = _landing(small.device)
+                    host, ready = landing.copy(small)
+                else:  # the interpreter's CPU tensors: nothing to wait for
+                    host, ready = small.to(torch.int64, copy=True), None
+            if pending is not None:
+                done_group, done, done_host, done_ready = pending
+                if done_ready is not None:
+                    done_ready.synchronize()
+                finish(done_group, done, done_host.tolist())
+            pending = None if group is None else (group, launched, host, ready)
+    finally:
+        if landing is not None:
+            landing.release()
+
+
+LANDING_WORDS = 1 << 15
+"""int64 words of a device's pinned buffer for group sizes (256 KiB)."""
+
+
+class _Landing:
+    """Pinned host memory that ``pipelined`` copies each group's sizes into, allocated
+    once per device and thread rather than once per group. A call writes it from its
+    start, and frees it only once every copy into it has completed, so no copy is ever
+    pending into memory that a later call writes to or reads."""
+
+    def __init__(self, words: int):
+        self._host = torch.empty(words, dtype=torch.int64, pin_memory=words > 0)
+        self._used = 0
+        self._copies: list[torch.cuda.Event] = []
+        self.busy = False
+
+    def copy(self, small: torch.Tensor) -> tuple[torch.Tensor, torch.cuda.Event]:
+        """``small`` copied to pinned host memory behind an event."""
+        size = small.numel()
+        if self._used + size <= self._host.numel():
+            host = self._host[self._used:self._used + size].view(small.shape)
+            self._used += size
+        else:  # more sizes than the buffer holds
+            host = torch.empty(small.shape, dtype=torch.int64, pin_memory=True)
+        host.copy_(small, non_blocking=True)
+        ready = torch.cuda.Event()
+        ready.record()
+        self._copies.append(ready)
+        return host, ready
+
+    def release(self) -> None:
+        """Free the buffer for the next call once every copy into it has completed (at
+        once after a call that waited for each; after one that raised, maybe not)."""
+        for ready in self._copies:
+            ready.synchronize()
+        self._copies.clear()
+        self._used = 0
+        self.busy = False
+
+
+_landings = threading.local()
+
+
+def _landing(device: torch.device) -> _Landing:
+    """The calling thread's landing buffer of ``device``, held until ``release``; while
+    a call holds it (a ``pipelined`` inside another's ``finish``), one that pins per
+    group."""
+    found = _landings.__dict__.get(device)
+    if found is None:
+        found = _landings.__dict__[device] = _Landing(LANDING_WORDS)
+    elif found.busy:
+        return _Landing(0)
+    found.busy = True
+    return found
