@@ -11,7 +11,8 @@ import torch
 from dte_codec.decode import decode_batched
 from dte_codec.encode import encode_delta_batched, encode_delta_per_tensor
 from dte_codec.errors import EncodeError
-from dte_codec.fields import Body, Segments, block_segments
+import numpy as np
+from dte_codec.fields import Body, Segments, block_segments, host_tables
 from dte_codec.indices import _bitmap, _elias_fano, _gap8, _raw, choose_indices, encode_indices
 from hypothesis import example, given
 from hypothesis import strategies as st
@@ -164,3 +165,17 @@ def test_block_segments_name_each_blocks_owner(blocks):
     expected = [s for s, n in enumerate(blocks) for _ in range(n)]
     owners = block_segments(torch.tensor(blocks, dtype=torch.int64), sum(blocks))
     assert (torch.int32, expected) == (owners.dtype, owners.tolist())
+
+
+@given(st.lists(st.tuples(st.integers(1, 4), st.integers(0, 5)), min_size=1, max_size=5))
+def test_host_tables_give_each_table_on_a_16_byte_boundary(shapes):
+    """Tables of odd and even sizes copied together: each holds its own values in its
+    shape, starts on 16 bytes (Triton's pointer specialization), and is a copy."""
+    gen = np.random.default_rng(len(shapes))
+    tables = [gen.integers(-2**62, 2**62, size=shape) for shape in shapes]
+    copied = host_tables(tables, torch.device("cpu"))
+    assert [t.tolist() for t in tables] == [t.tolist() for t in copied]
+    assert all(t.data_ptr() % 16 == 0 and t.is_contiguous() for t in copied)
+    tables[0][...] = 7
+    assert copied[0].numel() == 0 or (copied[0] != 7).any()
+
