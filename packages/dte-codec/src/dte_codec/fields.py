@@ -199,16 +199,19 @@ def host_tables(tables: Sequence[list[list[int]] | np.ndarray], device: torch.de
     where Triton specializes the pointers it is given."""
     arrays = [np.ascontiguousarray(t, dtype=np.int64) for t in tables]
     padded = [a.size + a.size % 2 for a in arrays]  # int64 pairs: 16 bytes
-    starts = np.cumsum(padded) - padded
-    host = np.zeros(max(int(sum(padded)), 1), dtype=np.int64)
-    for a, at in zip(arrays, starts.tolist()):
-        host[at:at + a.size] = a.ravel()
+    starts = (np.cumsum(padded) - padded).tolist()
+    if len(arrays) == 1:  # no gathering copy
+        host = arrays[0].reshape(-1)
+    else:
+        host = np.zeros(sum(padded), dtype=np.int64)
+        for a, at in zip(arrays, starts):
+            host[at:at + a.size] = a.ravel()
     staged = torch.from_numpy(host)
     if device.type == "cuda":
         flat = staged.pin_memory().to(device, non_blocking=True)
     else:
         flat = staged.to(device, copy=True)  # not a view of the caller's arrays
-    return tuple(flat[at:at + a.size].view(a.shape) for a, at in zip(arrays, starts.tolist()))
+    return tuple(flat[at:at + a.size].view(a.shape) for a, at in zip(arrays, starts))
 
 
 def block_segments(blocks: torch.Tensor, total: int) -> torch.Tensor:
