@@ -33,7 +33,7 @@ import triton
 import triton.language as tl
 
 from .dispatch import on_device
-from .fields import block_segments, host_table
+from .fields import block_segments, host_tables
 from .header import IndexEncoding
 from .kernel_bits import (bit_length, column, flags_before, get_fields, load_int,
                           owned_block, shift_right, width_mask)
@@ -299,37 +299,57 @@ def escape_failures(escapes: np.ndarray, at: np.ndarray, sizes: np.ndarray,
     """The count of residue escape positions out of ``[0, count)`` or not increasing, per
     entry ``escapes`` positions of ``sizes`` bytes at address ``at``: one launch."""
     with on_device(device):
-        blocks = -(-escapes // BLOCK)
-        table = host_table(np.stack([_starts(blocks), escapes, at, sizes, counts, blocks]),
-                           device)
-        total = int(blocks.sum())
-        failures = _rows(1, total, device)[0]
-        _positions[(total,)](table, block_segments(table[_P_BLOCKS], total), escapes.size,
-                             failures, BLOCK=BLOCK)
-        return failures.sum()
+        rows = _escape_rows(escapes, at, sizes, counts)
+        return _escape_pass(rows, *host_tables([rows], device))
 
 
-def decode(rows: np.ndarray, counts: np.ndarray, words: torch.Tensor
+def _escape_rows(escapes: np.ndarray, at: np.ndarray, sizes: np.ndarray, counts: np.ndarray
+                 ) -> np.ndarray:
+    blocks = -(-escapes // BLOCK)
+    return np.stack([_starts(blocks), escapes, at, sizes, counts, blocks])
+
+
+def _escape_pass(rows: np.ndarray, table: torch.Tensor) -> torch.Tensor:
+    """The ``_positions`` launch over the escape table ``rows`` (``table`` on the device)."""
+    total = int(rows[_P_BLOCKS].sum())
+    failures = _rows(1, total, table.device)[0]
+    _positions[(total,)](table, block_segments(table[_P_BLOCKS], total), rows.shape[1],
+                         failures, BLOCK=BLOCK)
+    return failures.sum()
+
+
+def decode(rows: np.ndarray, counts: np.ndarray, words: torch.Tensor,
+           escapes: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None = None
            ) -> tuple[torch.Tensor, torch.Tensor]:
     """Indices of the sparse entries back to back (int64) and the count of failed checks.
 
     ``rows``: columns x entries, ``flat_decode._COLUMNS`` (encoding, first, stride, width,
     second, escape_bits, low_width, numel, escapes, bit_limit); ``counts``: per entry its
-    element count; ``words``: the body as int64.
+    element count; ``words``: the body as int64. ``escapes``: ``escape_failures``'s
+    arrays, whose failed checks are then counted too. Every table goes to the device in
+    one copy.
     """
     with on_device(words.device):
-        return _decode(rows, counts, words)
+        return _decode(rows, counts, words, escapes)
 
 
-def _decode(rows: np.ndarray, counts: np.ndarray, words: torch.Tensor
+def _decode(rows: np.ndarray, counts: np.ndarray, words: torch.Tensor,
+            escapes: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None
             ) -> tuple[torch.Tensor, torch.Tensor]:
     device, last = words.device, words.numel() - 1
     blocks = -(-counts // BLOCK)
-    streams, stream_of, ones, stream_failures = _stream_pass(rows, counts, words)
-    enc, first, stride, width, second, escape_bits, low_width, numel, escapes, _ = rows
-    table = host_table(np.stack([_starts(blocks), _starts(counts), counts, numel, enc, first,
-                                 stride, width, second, escape_bits, low_width, stream_of,
-                                 blocks, escapes]), device)
+    streams_rows, stream_of = _stream_rows(rows, counts)
+    enc, first, stride, width, second, escape_bits, low_width, numel, escapes_n, _ = rows
+    tables = [np.stack([_starts(blocks), _starts(counts), counts, numel, enc, first, stride,
+                        width, second, escape_bits, low_width, stream_of, blocks, escapes_n])]
+    if streams_rows is not None:
+        tables.append(streams_rows)
+    if escapes is not None:
+        tables.append(_escape_rows(*escapes))
+    table, *rest = host_tables(tables, device)
+    failures = [] if escapes is None else [_escape_pass(tables[-1], rest.pop())]
+    streams, ones, stream_failures = _stream_pass(streams_rows, rest[0] if rest else None,
+                                                  words)
     segments, total_blocks = counts.size, int(blocks.sum())
     block_seg = block_segments(table[_BLOCKS], total_blocks)
     out = torch.empty(int(counts.sum()), dtype=_INT64, device=device)
@@ -337,7 +357,7 @@ def _decode(rows: np.ndarray, counts: np.ndarray, words: torch.Tensor
     grid = (total_blocks,)
     args = (table, block_seg, segments)
     _fields[grid](*args, streams, streams.shape[1], ones, words, last, out, wides, BLOCK=BLOCK)
-    failures = [stream_failures]
+    failures.append(stream_failures)
     if (enc == IndexEncoding.GAP8).any():
         wide_before = _exclusive(wides)
         _gaps[grid](*args, words, last, wide_before, wide_before, sums, gap_failures, out,
@@ -352,37 +372,44 @@ def _decode(rows: np.ndarray, counts: np.ndarray, words: torch.Tensor
     return out, sum(failures)
 
 
-def _stream_pass(rows: np.ndarray, counts: np.ndarray, words: torch.Tensor
-                 ) -> tuple[torch.Tensor, np.ndarray, torch.Tensor, torch.Tensor]:
-    """The ``_stream`` launch over the Elias-Fano upper streams and bitmaps: the stream
-    table, each entry's stream (0 for entries without one), per stream word slot the set
-    bits before it (the ranks ``_fields`` searches), and the failed checks (set-bit counts,
-    padding). Without streams the table is a placeholder that no program reads."""
-    device, last = words.device, words.numel() - 1
+def _stream_rows(rows: np.ndarray, counts: np.ndarray) -> tuple[np.ndarray | None, np.ndarray]:
+    """The Elias-Fano upper streams and bitmaps as ``_stream``'s table rows (None where
+    there are none), and each entry's stream (0 for entries without one)."""
     enc = rows[0]
     is_ef = enc == IndexEncoding.ELIAS_FANO
     picked = is_ef | (enc == IndexEncoding.BITMAP)
     stream_of = np.where(picked, np.cumsum(picked) - 1, 0)
     if not picked.any():
-        zero = torch.zeros((), dtype=_INT64, device=device)
-        return _rows(1, 2, device), stream_of, _rows(1, 2, device)[0], zero
+        return None, stream_of
     limit = rows[9][picked]
     stream_words = -(-limit // 64)
     blocks = -(-stream_words // BLOCK)
     word_at = np.where(is_ef, rows[4], rows[1])[picked] // 64
-    streams = host_table(np.stack([_starts(blocks), word_at, limit, stream_words, blocks,
-                                   counts[picked]]), device)
-    total = int(blocks.sum())
+    return np.stack([_starts(blocks), word_at, limit, stream_words, blocks, counts[picked]]
+                    ), stream_of
+
+
+def _stream_pass(rows: np.ndarray | None, streams: torch.Tensor | None, words: torch.Tensor
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The ``_stream`` launch over the stream table ``rows`` (``_stream_rows``; on the
+    device ``streams``): the table, per stream word slot the set bits before it (the
+    ranks ``_fields`` searches), and the failed checks (set-bit counts, padding). Without
+    streams the table is a placeholder that no program reads."""
+    device, last = words.device, words.numel() - 1
+    if rows is None or streams is None:
+        zero = torch.zeros((), dtype=_INT64, device=device)
+        return _rows(1, 2, device), _rows(1, 2, device)[0], zero
+    total = int(rows[_STREAM_BLOCKS].sum())
     block_seg = block_segments(streams[_STREAM_BLOCKS], total)
     ones = torch.empty(total * BLOCK, dtype=_INT64, device=device)
     bad = _rows(1, total, device)[0]
-    _stream[(total,)](streams, block_seg, int(picked.sum()), words, last, ones, bad, BLOCK=BLOCK)
+    _stream[(total,)](streams, block_seg, rows.shape[1], words, last, ones, bad, BLOCK=BLOCK)
     seen = torch.cumsum(ones, 0)
     before = seen - ones
     first = streams[_STREAM_FIRST_BLOCK.value] * BLOCK
     found = (seen.index_select(0, first + streams[_STREAM_BLOCKS] * BLOCK - 1)
              - before.index_select(0, first))
-    return streams, stream_of, before, (found != streams[_STREAM_COUNT]).sum() + bad.sum()
+    return streams, before, (found != streams[_STREAM_COUNT]).sum() + bad.sum()
 
 
 def _rows(count: int, length: int, device: torch.device) -> torch.Tensor:

@@ -82,17 +82,17 @@ class EntryTable:
             return False
         c = self.columns
         n, numel, ie, ve = c["count"], c["numel"], c["index_encoding"], c["value_encoding"]
-        dense = ie == IndexEncoding.DENSE
-        block = dense | (ie == IndexEncoding.BOX)
-        residue = ve == ValueEncoding.RESIDUE
+        dense = ie == _DENSE
+        block = dense | (ie == _BOX)
+        residue = ve == _RESIDUE
         ok = ((c["ndim"] <= MAX_NDIM) & (numel < 2**62) & (n <= numel)
               & (block | (kind == Kind.DELTA)) & (~dense | (n == numel)) & (dense | (n >= 1))
-              & (~block | (ve == ValueEncoding.RAW))
-              & ((ie != IndexEncoding.INT32) | (numel < INDEX32_LIMIT))
+              & (~block | (ve == _RAW))
+              & ((ie != _INT32) | (numel < INDEX32_LIMIT))
               & (c["index_escapes"] <= n)
-              & ((ie == IndexEncoding.GAP8) | (c["index_escapes"] == 0))
+              & ((ie == _GAP8) | (c["index_escapes"] == 0))
               & (c["index_width"] <= 62)
-              & ((ie == IndexEncoding.ELIAS_FANO) | (c["index_width"] == 0))
+              & ((ie == _ELIAS_FANO) | (c["index_width"] == 0))
               & (~residue | c["residue_dtype"])
               & np.where(residue, (c["value_width"] >= 1)
                          & (c["value_width"] <= c["itemsize"] * 8 - 1), c["value_width"] == 0)
@@ -145,20 +145,34 @@ def _columns(entries: Sequence[Entry]) -> dict[str, np.ndarray] | None:
 
 def _slots(c: dict[str, np.ndarray]) -> np.ndarray:
     """(entries, 5) section sizes: two index sections, then three value sections, -1
-    where an entry has no such section."""
+    where an entry has no such section (for valid columns: every encoding code known)."""
     n, numel, ie, width = c["count"], c["numel"], c["index_encoding"], c["index_width"]
-    index_isz = index_itemsizes(numel)
-    ef_upper = n + ((np.maximum(numel, 1) - 1) >> width) + 1
-    first = np.select(
-        [ie == IndexEncoding.DENSE, ie == IndexEncoding.INT32, ie == IndexEncoding.INT64,
-         ie == IndexEncoding.BITMAP, ie == IndexEncoding.BOX, ie == IndexEncoding.GAP8],
-        [-1, n * 4, n * 8, -(-numel // 8), 2 * c["ndim"] * BOX_FIELD_BYTES, n],
-        -(-(n * width) // 8))
-    second = np.select([ie == IndexEncoding.GAP8, ie == IndexEncoding.ELIAS_FANO],
-                       [c["index_escapes"] * index_isz, -(-ef_upper // 8)], -1)
-    residue = c["value_encoding"] == ValueEncoding.RESIDUE
+    none = np.full_like(n, -1)
+    # the candidates of every encoding, chosen by its code in one pass
+    first = np.choose(ie, _by_code(
+        {_DENSE: none, _INT32: n * 4, _INT64: n * 8, _BITMAP: -(-numel // 8), _GAP8: n,
+         _ELIAS_FANO: -(-(n * width) // 8), _BOX: 2 * c["ndim"] * BOX_FIELD_BYTES}))
+    second = none.copy()
+    gap = ie == _GAP8
+    second[gap] = (c["index_escapes"] * index_itemsizes(numel))[gap]
+    ef = ie == _ELIAS_FANO
+    second[ef] = (-(-(n + ((np.maximum(numel, 1) - 1) >> width) + 1) // 8))[ef]
+    residue = c["value_encoding"] == _RESIDUE
     esc, itemsize = c["value_escapes"], c["itemsize"]
     fields = -(-((n - esc) * c["value_width"]) // 8)
     return np.stack([first, second, np.where(residue, fields, n * itemsize),
                      np.where(residue, esc * index_itemsizes(n), -1),
                      np.where(residue, esc * itemsize, -1)], axis=1)
+
+
+def _by_code(candidates: dict[int, np.ndarray]) -> list[np.ndarray]:
+    """``candidates`` of every ``IndexEncoding``, in code order."""
+    return [candidates[code] for code in range(len(IndexEncoding))]
+
+
+# the enums' codes as plain ints: reading an enum member is a class attribute look-up
+# that costs more than the numpy comparison over a few hundred entries it feeds
+_DENSE, _INT32, _INT64, _BITMAP, _GAP8, _ELIAS_FANO, _BOX = (
+    int(IndexEncoding[name]) for name in
+    ("DENSE", "INT32", "INT64", "BITMAP", "GAP8", "ELIAS_FANO", "BOX"))
+_RAW, _RESIDUE = int(ValueEncoding.RAW), int(ValueEncoding.RESIDUE)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import sys
 import threading
+from collections.abc import Sequence
 
 import attrs
 import numpy as np
@@ -189,10 +190,29 @@ def host_table(columns: list[list[int]] | np.ndarray, device: torch.device) -> t
 
     One host-to-device copy; from pinned memory on CUDA, so it does not wait for the GPU.
     """
-    table = torch.from_numpy(np.ascontiguousarray(columns, dtype=np.int64))
+    return host_tables([columns], device)[0]
+
+
+def host_tables(tables: Sequence[list[list[int]] | np.ndarray], device: torch.device
+                ) -> tuple[torch.Tensor, ...]:
+    """``host_table`` of each of ``tables`` from one host-to-device copy (one pinned
+    buffer, not one per table): each a row-major view starting on a 16-byte boundary,
+    where Triton specializes the pointers it is given."""
+    arrays = [np.ascontiguousarray(t, dtype=np.int64) for t in tables]
+    padded = [a.size + a.size % 2 for a in arrays]  # int64 pairs: 16 bytes
+    starts = (np.cumsum(padded) - padded).tolist()
+    if len(arrays) == 1:  # no gathering copy
+        host = arrays[0].reshape(-1)
+    else:
+        host = np.zeros(sum(padded), dtype=np.int64)
+        for a, at in zip(arrays, starts):
+            host[at:at + a.size] = a.ravel()
+    staged = torch.from_numpy(host)
     if device.type == "cuda":
-        return table.pin_memory().to(device, non_blocking=True)
-    return table.to(device, copy=True)  # not a view of the caller's array
+        flat = staged.pin_memory().to(device, non_blocking=True)
+    else:
+        flat = staged.to(device, copy=True)  # not a view of the caller's arrays
+    return tuple(flat[at:at + a.size].view(a.shape) for a, at in zip(arrays, starts))
 
 
 def block_segments(blocks: torch.Tensor, total: int) -> torch.Tensor:

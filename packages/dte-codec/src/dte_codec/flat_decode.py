@@ -67,18 +67,18 @@ def decode_indices_flat(header: Header, body: torch.Tensor) -> FlatIndices:
     layout = _Layout.of(header)
     words = body.view(_INT64) if body.numel() else torch.zeros(1, dtype=_INT64,
                                                                device=body.device)
-    failures = [_escape_failures(layout, words)]
     rows, counts = layout.sparse_rows()
+    if counts.size and fused(body.device):  # the escape checks' table copied with the rest
+        from .decode_kernel import decode
+        flat, failures = decode(rows, counts, words, _escape_columns(layout, words))
+        return FlatIndices(flat, counts, failures)
+    failures = [_escape_failures(layout, words)]
     if not counts.size:
         return FlatIndices(torch.empty(0, dtype=_INT64, device=body.device), counts,
                            sum(failures))
-    if fused(body.device):
-        from .decode_kernel import decode
-        flat, index_failures = decode(rows, counts, words)
-    else:
-        segs = Segments.of(counts.tolist(), body.device)
-        flat, index_failures = _Decoder(segs, rows, host_table(rows, body.device), words,
-                                        body).run()
+    segs = Segments.of(counts.tolist(), body.device)
+    flat, index_failures = _Decoder(segs, rows, host_table(rows, body.device), words,
+                                    body).run()
     failures.append(index_failures)
     return FlatIndices(flat, counts, sum(failures))
 
@@ -238,17 +238,27 @@ def _byte_tables(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     return host_table([popcount], device)[0], host_table([select], device)[0]
 
 
+def _escape_columns(layout: _Layout, words: torch.Tensor
+                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None:
+    """``decode_kernel.escape_failures``'s arrays of the residue escape positions (None
+    where there are none)."""
+    pick = layout.residue
+    if not pick.any():
+        return None
+    count = layout.count[pick]
+    return (layout.value_escapes[pick], words.data_ptr() + layout.positions[pick] // BYTE_BITS,
+            index_itemsizes(count), count)
+
+
 def _escape_failures(layout: _Layout, words: torch.Tensor) -> torch.Tensor:
     """Residue escape positions that are out of ``[0, count)`` or not increasing."""
     pick = layout.residue
     if not pick.any():
         return torch.zeros((), dtype=_INT64, device=words.device)
-    count = layout.count[pick]
     if fused(words.device):
         from .decode_kernel import escape_failures
-        return escape_failures(layout.value_escapes[pick],
-                               words.data_ptr() + layout.positions[pick] // BYTE_BITS,
-                               index_itemsizes(count), count, words.device)
+        return escape_failures(*_escape_columns(layout, words), words.device)
+    count = layout.count[pick]
     segs = Segments.of(layout.value_escapes[pick].tolist(), words.device)
     table = host_table(np.stack([count, layout.positions[pick],
                                  index_itemsizes(count) * BYTE_BITS]), words.device)

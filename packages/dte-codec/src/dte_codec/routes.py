@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from .dispatch import on_device
-from .fields import block_segments, host_table
+from .fields import block_segments, host_table, host_tables
 from .flat_decode import IS_SPARSE, VALUE_SECTIONS
 from .geometry import Transfer
 from .flat_values import Residues
@@ -300,9 +300,11 @@ def stage_routed(routes: Routes, weights: Mapping[str, torch.Tensor],
         new_at[residue] = resolved.out.data_ptr() + resolved.offsets
         keep += (resolved.out,)
         flags = torch.cat([flags, resolved.failures.view(1)])
+    # copied while the kernels above run: after the synchronization the write only launches
+    new_on_device = host_table(new_at[None], device)[0]
     if bool(flags.any()):  # the one host synchronization
         return None
-    return StagedRoutes(moves, new_at, keep, gathered)
+    return StagedRoutes(moves, new_at, new_on_device, keep, gathered)
 
 
 @attrs.frozen
@@ -319,7 +321,10 @@ class _Moves:
     flat_of: torch.Tensor
     offsets: np.ndarray
     total: int
-    nbytes: int
+    gathered: torch.Tensor
+    """The byte buffer ``gather`` fills, entry ``e`` from byte ``offsets[e]``."""
+    gathered_at: torch.Tensor
+    """Per entry, the device address of its values in ``gathered``."""
 
     @classmethod
     def of(cls, routes: Routes, weights: Mapping[str, torch.Tensor],
@@ -331,42 +336,44 @@ class _Moves:
         sizes = -(-(counts * itemsize) // _WORD) * _WORD
         columns = routes.source_columns(sparse.names)
         columns[ITEMSIZE.value - NUMEL.value] = itemsize
-        table = host_table(np.concatenate([
+        offsets = np.cumsum(sizes) - sizes
+        gathered = torch.empty(max(int(sizes.sum()), _WORD), dtype=torch.uint8, device=device)
+        # the gather's addresses go with the table: one copy to the device
+        table, gathered_at = host_tables([np.concatenate([
             np.stack([np.cumsum(blocks) - blocks, sparse.index_at, sparse.index_size]),
-            columns, np.stack([counts, blocks])]), device)  # ... ELEMENTS, BLOCKS
+            columns, np.stack([counts, blocks])]),  # ... ELEMENTS, BLOCKS
+            (gathered.data_ptr() + offsets)[None]], device)
         total_blocks = int(blocks.sum())
         return cls(entries=table, block_seg=block_segments(table[BLOCKS], total_blocks),
                    tensors=routes.target_addresses(weights),
                    targets=tuple(weights[name] for name in routes.tensors),
                    tensor_of=torch.empty(total_blocks * BLOCK, dtype=torch.int32, device=device),
                    flat_of=torch.empty(total_blocks * BLOCK, dtype=torch.int64, device=device),
-                   offsets=np.cumsum(sizes) - sizes, total=int(counts.sum()),
-                   nbytes=int(sizes.sum()))
+                   offsets=offsets, total=int(counts.sum()), gathered=gathered,
+                   gathered_at=gathered_at[0])
 
     def gather(self) -> torch.Tensor:
         """The targets' values at the routes (+0.0 where unrouted), as one byte buffer,
-        entry ``e`` from byte ``offsets[e]``."""
-        flat = torch.empty(max(self.nbytes, _WORD), dtype=torch.uint8,
-                           device=self.tensor_of.device)
-        self._launch(flat.data_ptr() + self.offsets, to_values=True)
-        return flat
+        entry ``e`` from byte ``offsets[e]``: ``gathered``, filled."""
+        self._launch(self.gathered_at, to_values=True)
+        return self.gathered
 
-    def scatter(self, addresses: np.ndarray) -> None:
-        """Write per entry the values at ``addresses`` (on the device) at its routed
-        elements."""
+    def scatter(self, addresses: np.ndarray | torch.Tensor) -> None:
+        """Write per entry the values at ``addresses`` (on the device; a host array, or
+        a device table of them) at its routed elements."""
+        if isinstance(addresses, np.ndarray) and self.total:
+            addresses = host_table(addresses[None], self.tensor_of.device)[0]
         self._launch(addresses, to_values=False)
         # written through addresses: tell autograd, as an in-place torch write would
         torch.autograd.graph.increment_version(list(self.targets))
 
-    def _launch(self, addresses: np.ndarray, *, to_values: bool) -> None:
+    def _launch(self, addresses: torch.Tensor, *, to_values: bool) -> None:
         if not self.total:
             return
         from . import route_kernel as kernel
-        device = self.tensor_of.device
-        with on_device(device):
-            kernel.move(self.entries, self.block_seg, self.offsets.size,
-                        host_table(addresses[None], device)[0], self.tensor_of, self.flat_of,
-                        self.tensors, to_values=to_values)
+        with on_device(self.tensor_of.device):
+            kernel.move(self.entries, self.block_seg, self.offsets.size, addresses,
+                        self.tensor_of, self.flat_of, self.tensors, to_values=to_values)
 
 
 @attrs.frozen
@@ -379,6 +386,8 @@ class StagedRoutes:
     moves: _Moves
     new_at: np.ndarray
     """Per entry, the address of its new values (inside ``keep``)."""
+    new_on_device: torch.Tensor
+    """``new_at`` as a device table."""
     keep: tuple[torch.Tensor, ...]
     old: torch.Tensor
 
@@ -390,7 +399,7 @@ class StagedRoutes:
         return self.old
 
     def write(self) -> None:
-        self.moves.scatter(self.new_at)
+        self.moves.scatter(self.new_on_device)
 
     def undo(self, old: torch.Tensor) -> None:
         self.moves.scatter(old.data_ptr() + self.moves.offsets)
