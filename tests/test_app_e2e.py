@@ -18,7 +18,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file
 
-pytestmark = [pytest.mark.processes, pytest.mark.xdist_group("app_e2e")]
+pytestmark = pytest.mark.processes
 
 ROOT = Path(__file__).resolve().parents[1]
 GSM8K = Path(__file__).resolve().parents[2] / "shared/data/gsm8k"
