@@ -116,8 +116,9 @@ def _pattern(items, segments, seg, idx, valid):
                     column(items, _SIZE, segments, seg), valid) & mask
 
 
-@triton.jit(do_not_specialize=["segments"])
-def _stats(items, block_seg, segments, codes, out, BLOCK: tl.constexpr, BINS: tl.constexpr):
+@triton.jit(do_not_specialize=["segments", "kept"])
+def _stats(items, block_seg, segments, codes, out, kept, BLOCK: tl.constexpr,
+           BINS: tl.constexpr):
     block, seg, rank, valid, _ = _block(items, block_seg, segments, BLOCK)
     idx = _index(items, segments, seg, rank, valid)
     prev = tl.where(rank > 0, _index(items, segments, seg, rank - 1, valid & (rank > 0)), -1)
@@ -140,15 +141,15 @@ def _stats(items, block_seg, segments, codes, out, BLOCK: tl.constexpr, BINS: tl
     bad = valid & ((idx < 0) | (idx >= numel) | (gap <= 0))
     code = need | tl.where(wide, _WIDE_BIT, 0)
     tl.store(codes + block.to(tl.int64) * BLOCK + tl.arange(0, BLOCK), code.to(tl.uint8))
-    row = out + seg * (2 + BINS)
+    row = out + seg * (2 + kept)  # kept: the bins the host reads, < BINS - 1 (missing elements)
     wides = tl.sum(wide.to(tl.int64))
     bads = tl.sum(bad.to(tl.int64))
     tl.atomic_add(row, wides, mask=wides > 0, sem="relaxed")
     tl.atomic_add(row + 1, bads, mask=bads > 0, sem="relaxed")
     bins = tl.arange(0, BINS)
     hist = tl.histogram(tl.where(valid, need, BINS - 1).to(tl.int32), BINS)
-    tl.atomic_add(row + 2 + bins, hist.to(tl.int64), mask=(hist > 0) & (bins < BINS - 1),
-                  sem="relaxed")
+    tl.atomic_add(row + 2 + bins, hist.to(tl.int64),
+                  mask=(hist > 0) & (bins < kept), sem="relaxed")
 
 
 @triton.jit
@@ -177,19 +178,22 @@ def _escape_counts(items, layout, block_seg, segments, codes, counts, blocks,
 
 
 @triton.jit
-def _before(before, block, first, flags):
-    """Per element, the flags set before it in its tensor: the prefix over blocks at this
-    block minus the one at the tensor's first block, plus those ahead of it here."""
+def _before(inclusive, counts, block, first, flags):
+    """Per element, the flags set before it in its tensor: the exclusive prefix over
+    blocks (inclusive minus the block's own count) at this block minus the one at the
+    tensor's first block, plus those ahead of it here. The prefix may start anywhere
+    before the tensor's first block: a constant offset cancels."""
     flags = flags.to(tl.int32)  # a block's count fits: half the scan's shuffles and shared memory
     ahead = (tl.cumsum(flags, 0) - flags).to(tl.int64)
-    return tl.load(before + block) - tl.load(before + first) + ahead
+    return (tl.load(inclusive + block) - tl.load(counts + block)
+            - tl.load(inclusive + first) + tl.load(counts + first) + ahead)
 
 
 @triton.jit
 def _write_indices(items, layout, segments, seg, words, rank, valid, has_next, idx, code,
-                   before, block, first_block, any_escaped, BLOCK: tl.constexpr):
+                   inclusive, counts, block, first_block, any_escaped, BLOCK: tl.constexpr):
     """The index sections: raw index, gap byte, low bits or bitmap bit; then escaped gaps
-    (ranked from ``before``, the GAP8 escapes before each block, only in blocks that have
+    (ranked from ``inclusive``, the prefix of the GAP8 escapes of each block, only in blocks that have
     some: the ranks take a scan across the block's warps) or the Elias-Fano upper bits."""
     enc = column(layout, _ENC, segments, seg)
     nxt = _index(items, segments, seg, rank + 1, has_next)
@@ -216,7 +220,7 @@ def _write_indices(items, layout, segments, seg, words, rank, valid, has_next, i
     if any_escaped:  # then the entry is GAP8
         bits = column(layout, _ESCAPE_BITS, segments, seg)
         escaped = valid & wide
-        gaps = _before(before, block, first_block, escaped)
+        gaps = _before(inclusive, counts, block, first_block, escaped)
         put_fields(words, second + gaps * bits, gap, tl.where(escaped, bits, 0), valid,
                    second + (gaps + escaped.to(tl.int64)) * bits, has_next)
 
@@ -249,7 +253,7 @@ def _write_values(items, layout, segments, seg, words, rank, valid, has_next, id
 
 
 @triton.jit(do_not_specialize=["segments", "blocks"])
-def _write(items, layout, block_seg, segments, codes, counts, before, blocks, words,
+def _write(items, layout, block_seg, segments, codes, counts, inclusive, blocks, words,
            BLOCK: tl.constexpr):
     block, seg, rank, valid, count = _block(items, block_seg, segments, BLOCK)
     if column(layout, _ENC, segments, seg) >= 0:  # dense entries are copied in afterwards
@@ -258,10 +262,10 @@ def _write(items, layout, block_seg, segments, codes, counts, before, blocks, wo
         code = _codes(codes, block, BLOCK)
         _, value = _escaped(layout, segments, seg, code, valid)
         first = column(items, _FIRST_BLOCK, segments, seg)
-        values = _before(before + blocks, block, first, value)
+        values = _before(inclusive + blocks, counts + blocks, block, first, value)
         idx = _index(items, segments, seg, rank, valid)
         _write_indices(items, layout, segments, seg, words, rank, valid, has_next, idx, code,
-                       before, block, first, tl.load(counts + block) > 0, BLOCK)
+                       inclusive, counts, block, first, tl.load(counts + block) > 0, BLOCK)
         _write_values(items, layout, segments, seg, words, rank, valid, has_next, idx, value,
                       values, tl.load(counts + blocks + block) > 0, BLOCK)
 
@@ -300,12 +304,14 @@ class FusedFlat:
         """On the device, per tensor (rows): gaps over a byte, invalid indices, and the
         histogram of the residue widths ``0..bins-1`` that values need (columns;
         ``TorchFlat.stats``)."""
-        out = torch.zeros(self.segments, 2 + HIST_BINS, dtype=_INT64, device=self.device)
+        assert bins < HIST_BINS, "a residue needs at most 33 bits"
+        # only the bins read: the host reads the table as it is, with no copy to slice it
+        out = torch.zeros(self.segments, 2 + bins, dtype=_INT64, device=self.device)
         if self.blocks:
             with on_device(self.device):
                 _stats[(self.blocks,)](self.items, self.block_seg, self.segments, self.codes,
-                                       out, BLOCK=BLOCK, BINS=HIST_BINS, num_warps=WARPS)
-        return out[:, :2 + bins]  # one copy when read, no concatenation
+                                       out, bins, BLOCK=BLOCK, BINS=HIST_BINS, num_warps=WARPS)
+        return out
 
     def write(self, layout: Layout) -> torch.Tensor:
         """The body laid out by ``layout`` as uint8 on the device, dense entries left zero."""
@@ -318,8 +324,10 @@ class FusedFlat:
             with on_device(self.device):
                 _escape_counts[(self.blocks,)](*args, counts, self.blocks, BLOCK=BLOCK,
                                                num_warps=WARPS)
-                before = torch.cumsum(counts, 1) - counts
-                _write[(self.blocks,)](*args, counts, before, self.blocks, body, BLOCK=BLOCK,
-                                       num_warps=WARPS)
+                # one flat prefix sum over both rows (a device-wide scan; a scan per row
+                # runs as one slow block each): the second row's offset cancels in _before
+                inclusive = torch.cumsum(counts.view(-1), 0)
+                _write[(self.blocks,)](*args, counts, inclusive, self.blocks, body,
+                                       BLOCK=BLOCK, num_warps=WARPS)
         return body[:words].view(torch.uint8)
 

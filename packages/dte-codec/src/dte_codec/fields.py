@@ -24,6 +24,7 @@ import numpy as np
 import torch
 
 from .bits import width_mask
+from .dispatch import fused
 
 WORD_BITS = 64
 WORD_BYTES = 8
@@ -219,7 +220,11 @@ def block_segments(blocks: torch.Tensor, total: int) -> torch.Tensor:
     """Per kernel block, the segment that owns it, when segment ``s`` takes ``blocks[s]``
     whole blocks in order (``total`` of them): a program reads its segment with one load
     instead of searching, and no kernel needs the segment count as a compile-time
-    constant. One device op, no host synchronization."""
+    constant. One kernel launch where the flat kernels run (``block_kernel``), else
+    ``repeat_interleave`` (the reference); no host synchronization either way."""
+    if fused(blocks.device):
+        from .block_kernel import block_owners
+        return block_owners(blocks, total)
     owners = torch.arange(blocks.numel(), dtype=torch.int32, device=blocks.device)
     return torch.repeat_interleave(owners, blocks, output_size=total)
 
