@@ -11,8 +11,10 @@ The Triton launches are replaced by no-ops and the kernels run on CPU tensors
 (``dispatch.interpreted()``), so what is timed is exactly the Python, numpy and torch
 host work a GPU sync waits on between kernels (table building, plan, header, digest
 tables), not the device work. Only kernel names the encoder has had since the fused path
-landed are stubbed, so the script times an older tree too (``PYTHONPATH`` pointing at
-its ``src`` folders) for before/after figures on one machine.
+landed are stubbed (and ``block_kernel``'s where the tree has it; an older tree's
+``repeat_interleave`` in its place runs as CPU torch ops), so the script times an older
+tree too (``PYTHONPATH`` pointing at its ``src`` folders) for before/after figures on
+one machine.
 
     uv run python tools/bench_encode_host.py --reps 30
 """
@@ -112,15 +114,31 @@ def as_flat(runs: list, names: list[str]):
     return FlatChanges(names, [ChangeRun(*run) for run in runs], {})
 
 
-def timed(fn, reps: int) -> tuple[float, float]:
-    """Median and least ms of ``fn()`` over ``reps`` runs after two warm-ups."""
+class _FirstLaunch(_NoLaunch):
+    """``_NoLaunch`` that notes when it is first launched after ``start``: the host time
+    before the encoder's first kernel, which the GPU spends idle."""
+
+    def __init__(self):
+        self.at = None
+
+    def __getitem__(self, grid):
+        if self.at is None:
+            self.at = time.perf_counter()
+        return super().__getitem__(grid)
+
+
+def timed(fn, reps: int, first: _FirstLaunch) -> tuple[float, float, float]:
+    """Median and least ms of ``fn()`` over ``reps`` runs after two warm-ups, and the
+    median ms before ``first`` was launched."""
     fn(), fn()
-    samples = []
+    samples, before = [], []
     for _ in range(reps):
+        first.at = None
         start = time.perf_counter()
         fn()
         samples.append((time.perf_counter() - start) * 1e3)
-    return statistics.median(samples), min(samples)
+        before.append(((first.at or start) - start) * 1e3)
+    return statistics.median(samples), min(samples), statistics.median(before)
 
 
 def main() -> None:
@@ -135,9 +153,15 @@ def main() -> None:
     torch.manual_seed(0)
     weights = {n: torch.randn(s).bfloat16() for n, s in qwen3_4b(a.shrink).items()}
     change = changes(weights, a.fraction)
-    for kernel in ("_stats", "_escape_counts", "_write"):
+    for kernel in ("_escape_counts", "_write"):
         setattr(encode_kernel, kernel, _NoLaunch())
+    encode_kernel._stats = first = _FirstLaunch()
     body_digest_kernel._digest = _NoLaunch()
+    try:  # the block -> segment table's kernel, in trees that have it
+        from dte_codec import block_kernel
+        block_kernel._owners = _NoLaunch()
+    except ImportError:
+        pass
     runs = detected(weights, a.fraction, a.shrink)
     cases = {"matrices changed": change, "all changed, views": as_views(runs),
              "all changed, flat": as_flat(runs, list(weights))}
@@ -148,12 +172,14 @@ def main() -> None:
                 continue
             delta = timed(lambda: encode_delta_batched(  # noqa: B023 (timed at once)
                 weights, found, stream_id="s", base_version=next(version), version=1 << 40),
-                a.reps)
+                a.reps, first)
             changed = sum(1 for name in found if found[name].indices.numel())
             print(f"| encode host {a.label} | {len(weights)} tensors, {changed} changed "
-                  f"({label}) | encode_delta {delta[0]:.2f} ms (least {delta[1]:.2f}) | "
+                  f"({label}) | encode_delta {delta[0]:.2f} ms (least {delta[1]:.2f}; "
+                  f"{delta[2]:.2f} before ``_stats`` is queued) | "
                   f"{machine('cpu')} | {git_sha()} | {datetime.date.today()} |")
-        full = timed(lambda: encode_full(weights, stream_id="s", version=next(version)), a.reps)
+        full = timed(lambda: encode_full(weights, stream_id="s", version=next(version)), a.reps,
+                     _FirstLaunch())
     print(f"| encode host {a.label} | {len(weights)} tensors | encode_full {full[0]:.2f} ms "
           f"(least {full[1]:.2f}) | {machine('cpu')} | {git_sha()} | {datetime.date.today()} |")
 

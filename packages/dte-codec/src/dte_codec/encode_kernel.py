@@ -57,19 +57,22 @@ _WIDE_BIT = tl.constexpr(64)
 _MAX_GAP_BYTE = tl.constexpr(255)
 _INT64 = torch.int64
 
-# columns of the items table (one row per column, one entry per tensor)
+# columns of the items table (one row per column, one entry per tensor): the sync's
+# counts and blocks, then where its change sets lie (change_table.ChangeTable.COLUMNS),
+# then what only the tensor set decides (FusedFlat._static)
 _COUNT = tl.constexpr(0)
 _FIRST_BLOCK = tl.constexpr(1)
 _BLOCKS = 2
-_NUMEL = tl.constexpr(3)
-_BITS = tl.constexpr(4)
-_RESIDUE = tl.constexpr(5)
-_INDEX_AT = tl.constexpr(6)
-_INDEX_SIZE = tl.constexpr(7)
-_VALUE_AT = tl.constexpr(8)
-_SIZE = tl.constexpr(9)
-_LOW_AT = tl.constexpr(10)
-_HIGH_AT = tl.constexpr(11)
+_INDEX_AT = tl.constexpr(3)
+_INDEX_SIZE = tl.constexpr(4)
+_LOW_AT = tl.constexpr(5)
+_HIGH_AT = tl.constexpr(6)
+_NUMEL = tl.constexpr(7)
+_BITS = tl.constexpr(8)
+_RESIDUE = tl.constexpr(9)
+_VALUE_AT = tl.constexpr(10)
+_SIZE = tl.constexpr(11)
+_ITEM_COLUMNS = 12
 # columns of the layout table: flat_encode.Layout.COLUMNS
 _ENC = tl.constexpr(0)
 _FIRST = tl.constexpr(1)
@@ -283,19 +286,21 @@ class FusedFlat:
     def __init__(self, known: TensorSet, rows: np.ndarray, counts: np.ndarray,
                  changes: ChangeTable, weights: Sequence[torch.Tensor], device: torch.device):
         self.segments, self.device = len(rows), device
-        pointers = known.pointer[rows]
-        copies = [] if known.contiguous else [w.contiguous() for w in weights]
-        if copies:  # a tensor that is not contiguous is read from a contiguous copy
-            pointers = np.array([c.data_ptr() for c in copies], np.int64)
-        # kept alive until the kernels that read them through their addresses are queued
-        self._keep = (changes.keep, copies)
+        every = len(rows) == len(known.names)  # rows are sorted: every tensor, in order
         blocks = -(-counts // BLOCK)
         self.blocks = int(blocks.sum())
-        table = known.table
-        columns = np.stack([counts, np.cumsum(blocks) - blocks, blocks, table.numel[rows],
-                            known.bits[rows], table.residue[rows], changes.index_at[rows],
-                            changes.index_size[rows], pointers, table.itemsize[rows],
-                            changes.low_at[rows], changes.high_at[rows]]).astype(np.int64)
+        columns = np.empty((_ITEM_COLUMNS, len(rows)), np.int64)
+        columns[_COUNT], columns[_BLOCKS] = counts, blocks
+        np.cumsum(blocks, out=columns[_FIRST_BLOCK])
+        columns[_FIRST_BLOCK] -= blocks
+        columns[_INDEX_AT:_NUMEL] = changes.columns if every else changes.columns[:, rows]
+        static = _static(known)
+        columns[_NUMEL:] = static if every else static[:, rows]
+        copies = [] if known.contiguous else [w.contiguous() for w in weights]
+        if copies:  # a tensor that is not contiguous is read from a contiguous copy
+            columns[_VALUE_AT] = [c.data_ptr() for c in copies]
+        # kept alive until the kernels that read them through their addresses are queued
+        self._keep = (changes.keep, copies)
         self.items = staged_table(columns, device)
         self.block_seg = block_segments(self.items[_BLOCKS], self.blocks)
         self.codes = torch.empty(self.blocks * BLOCK, dtype=torch.uint8, device=device)
@@ -331,3 +336,16 @@ class FusedFlat:
                                        BLOCK=BLOCK, num_warps=WARPS)
         return body[:words].view(torch.uint8)
 
+
+
+def _static(known: TensorSet) -> np.ndarray:
+    """The items table's rows that only the tensor set decides (numel, bits, residue flag,
+    address, itemsize) for every tensor of the set: built once per set and kept on it,
+    which a replaced, resized or re-typed tensor rebuilds (``tensor_set``)."""
+    static = known.caches.get(FusedFlat)
+    if static is None:
+        table = known.table
+        static = known.caches[FusedFlat] = np.stack([
+            table.numel, known.bits, table.residue, known.pointer, table.itemsize]
+        ).astype(np.int64)
+    return static
