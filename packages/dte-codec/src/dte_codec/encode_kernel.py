@@ -35,7 +35,7 @@ import triton
 import triton.language as tl
 
 from .dispatch import on_device
-from .fields import block_segments, staged_table
+from .fields import block_segments, host_table
 from .header import IndexEncoding, ValueEncoding
 from .kernel_bits import (bit_length, column, load_uniform, order_key, owned_block, packs,
                           put_fields, put_packed, width_mask)
@@ -301,7 +301,7 @@ class FusedFlat:
             columns[_VALUE_AT] = [c.data_ptr() for c in copies]
         # kept alive until the kernels that read them through their addresses are queued
         self._keep = (changes.keep, copies)
-        self.items = staged_table(columns, device)
+        self.items = host_table(columns, device)
         self.block_seg = block_segments(self.items[_BLOCKS], self.blocks)
         self.codes = torch.empty(self.blocks * BLOCK, dtype=torch.uint8, device=device)
 

@@ -22,7 +22,7 @@ import torch
 
 from .bits import BYTE_BITS
 from .entry_pack import FIELDS
-from .fields import staged_table
+from .fields import host_table
 from .header import (ALIGNMENT, INDEX32_LIMIT, RESIDUE_DTYPES, Entry, IndexEncoding,
                      ValueEncoding, index_itemsizes)
 
@@ -330,7 +330,7 @@ class Counted:
         ends = np.cumsum(aligned.reshape(-1)).reshape(aligned.shape)
         starts = (ends - aligned) * BYTE_BITS
         columns = self._columns(index, value, by_encoding, starts, dense)
-        layout = Layout(staged_table(columns, device),
+        layout = Layout(host_table(columns, device),
                         np.where(dense, starts[:, 0] // BYTE_BITS, -1),
                         int(ends[-1, -1]) if len(ends) else 0)
         return Plan(table, count, index, value, layout)
