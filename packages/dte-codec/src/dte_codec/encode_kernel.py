@@ -42,7 +42,7 @@ from .kernel_bits import (bit_length, column, load_uniform, order_key, owned_blo
 
 if TYPE_CHECKING:
     from .change_table import ChangeTable
-    from .encode_plan import Layout
+    from .encode_plan import Choice, Layout
     from .tensor_set import TensorSet
 
 BLOCK = 1024
@@ -87,6 +87,10 @@ _FIELDS = tl.constexpr(9)
 _POSITIONS = tl.constexpr(10)
 _POSITION_BITS = tl.constexpr(11)
 _RAW = tl.constexpr(12)
+# columns of the choice table: encode_plan.Choice.COLUMNS
+_C_ENC = tl.constexpr(0)
+_C_VENC = tl.constexpr(1)
+_C_VWIDTH = tl.constexpr(2)
 _E_GAP8 = tl.constexpr(IndexEncoding.GAP8.value)
 _E_BITMAP = tl.constexpr(IndexEncoding.BITMAP.value)
 _E_ELIAS_FANO = tl.constexpr(IndexEncoding.ELIAS_FANO.value)
@@ -156,13 +160,11 @@ def _stats(items, block_seg, segments, codes, out, kept, BLOCK: tl.constexpr,
 
 
 @triton.jit
-def _escaped(layout, segments, seg, code, valid):
-    """Per element, whether its gap (GAP8) and its value (RESIDUE) go to escape lists."""
-    gap = tl.where(column(layout, _ENC, segments, seg) == _E_GAP8,
-                   valid & ((code & _WIDE_BIT) != 0), False)
-    value = tl.where(column(layout, _VENC, segments, seg) == _V_RESIDUE,
-                     valid & ((code & _NEED_MASK) > column(layout, _VWIDTH, segments, seg)),
-                     False)
+def _escaped(enc, venc, vwidth, code, valid):
+    """Per element, whether its gap (GAP8) and its value (RESIDUE) go to escape lists,
+    from its entry's encodings and residue width."""
+    gap = tl.where(enc == _E_GAP8, valid & ((code & _WIDE_BIT) != 0), False)
+    value = tl.where(venc == _V_RESIDUE, valid & ((code & _NEED_MASK) > vwidth), False)
     return gap, value
 
 
@@ -172,10 +174,13 @@ def _codes(codes, block, BLOCK: tl.constexpr):
 
 
 @triton.jit(do_not_specialize=["segments", "blocks"])
-def _escape_counts(items, layout, block_seg, segments, codes, counts, blocks,
+def _escape_counts(items, choice, block_seg, segments, codes, counts, blocks,
                    BLOCK: tl.constexpr):
     block, seg, _, valid, _ = _block(items, block_seg, segments, BLOCK)
-    gap, value = _escaped(layout, segments, seg, _codes(codes, block, BLOCK), valid)
+    gap, value = _escaped(column(choice, _C_ENC, segments, seg),
+                          column(choice, _C_VENC, segments, seg),
+                          column(choice, _C_VWIDTH, segments, seg),
+                          _codes(codes, block, BLOCK), valid)
     tl.store(counts + block, tl.sum(gap.to(tl.int64)))
     tl.store(counts + blocks + block, tl.sum(value.to(tl.int64)))
 
@@ -263,7 +268,9 @@ def _write(items, layout, block_seg, segments, codes, counts, inclusive, blocks,
         # the next element, in this block, tells each element whether its word's run ends
         has_next = (tl.arange(0, BLOCK) < BLOCK - 1) & (rank + 1 < count)
         code = _codes(codes, block, BLOCK)
-        _, value = _escaped(layout, segments, seg, code, valid)
+        _, value = _escaped(column(layout, _ENC, segments, seg),
+                            column(layout, _VENC, segments, seg),
+                            column(layout, _VWIDTH, segments, seg), code, valid)
         first = column(items, _FIRST_BLOCK, segments, seg)
         values = _before(inclusive + blocks, counts + blocks, block, first, value)
         idx = _index(items, segments, seg, rank, valid)
@@ -318,22 +325,33 @@ class FusedFlat:
                                        out, bins, BLOCK=BLOCK, BINS=HIST_BINS, num_warps=WARPS)
         return out
 
+    def count_escapes(self, choice: Choice) -> None:
+        """Queue the escape counts per block and their prefix sum, which need only the
+        encodings (``choice``, before the dense fallback: a dense entry's counts cancel
+        out and are never read), so that the device counts while the host lays out."""
+        if self.blocks:
+            counts = torch.empty(2, self.blocks, dtype=_INT64, device=self.device)
+            with on_device(self.device):
+                _escape_counts[(self.blocks,)](self.items, host_table(choice.columns(),
+                                                                      self.device),
+                                               self.block_seg, self.segments, self.codes,
+                                               counts, self.blocks, BLOCK=BLOCK,
+                                               num_warps=WARPS)
+            # one flat prefix sum over both rows (a device-wide scan; a scan per row runs
+            # as one slow block each): the second row's offset cancels in _before
+            self._escapes = counts, torch.cumsum(counts.view(-1), 0)
+
     def write(self, layout: Layout) -> torch.Tensor:
-        """The body laid out by ``layout`` as uint8 on the device, dense entries left zero."""
+        """The body laid out by ``layout`` as uint8 on the device, dense entries left zero
+        (after ``count_escapes`` of the encodings ``layout`` lays out)."""
         words = layout.size // 8
         # one spare word: an element past its stream's last field adds zero just past it
         body = torch.zeros(words + 1, dtype=_INT64, device=self.device)
         if self.blocks:
-            counts = torch.empty(2, self.blocks, dtype=_INT64, device=self.device)
-            args = (self.items, layout.table, self.block_seg, self.segments, self.codes)
             with on_device(self.device):
-                _escape_counts[(self.blocks,)](*args, counts, self.blocks, BLOCK=BLOCK,
-                                               num_warps=WARPS)
-                # one flat prefix sum over both rows (a device-wide scan; a scan per row
-                # runs as one slow block each): the second row's offset cancels in _before
-                inclusive = torch.cumsum(counts.view(-1), 0)
-                _write[(self.blocks,)](*args, counts, inclusive, self.blocks, body,
-                                       BLOCK=BLOCK, num_warps=WARPS)
+                _write[(self.blocks,)](self.items, layout.table, self.block_seg,
+                                       self.segments, self.codes, *self._escapes,
+                                       self.blocks, body, BLOCK=BLOCK, num_warps=WARPS)
         return body[:words].view(torch.uint8)
 
 

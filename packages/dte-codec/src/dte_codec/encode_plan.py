@@ -300,6 +300,20 @@ class Plan:
 
 
 @attrs.frozen
+class Choice:
+    """Per tensor, its smallest sparse encodings (the dense fallback not yet applied)."""
+
+    index: IndexChoice
+    value: ValueChoice
+
+    COLUMNS = ("index_encoding", "value_encoding", "value_width")
+
+    def columns(self) -> np.ndarray:
+        """``COLUMNS`` as rows: what ranking escapes needs (``encode_kernel``)."""
+        return np.stack([self.index.encoding, self.value.encoding, self.value.width])
+
+
+@attrs.frozen
 class Counted:
     """What the plan of one payload needs from its tensors and their change counts alone,
     computed while the device gathers the statistics (``prepare``)."""
@@ -309,11 +323,16 @@ class Counted:
     index: IndexSizes
     value: ValueSizes
 
-    def plan(self, *, gap_escapes: np.ndarray, hist: np.ndarray, device: torch.device) -> Plan:
-        """The plan from the statistics: gaps over a byte and residue-width histograms
-        (rows, ``bins`` columns)."""
+    def choose(self, *, gap_escapes: np.ndarray, hist: np.ndarray) -> Choice:
+        """The smallest sparse encodings from the statistics: gaps over a byte and
+        residue-width histograms (rows, ``bins`` columns)."""
+        return Choice(self.index.choose(gap_escapes), self.value.choose(hist))
+
+    def plan(self, choice: Choice, *, device: torch.device) -> Plan:
+        """The plan of the encodings ``choice`` (``choose``): the dense fallback, the
+        entries and the layout."""
         table, count = self.table, self.count
-        index, value = self.index.choose(gap_escapes), self.value.choose(hist)
+        index, value = choice.index, choice.value
         by_encoding = self.index.by_encoding[:, index.encoding, self.value.rows]
         sizes = self._section_sizes(index, value, by_encoding[0])
         dense_bytes = table.numel * table.itemsize
@@ -383,8 +402,8 @@ def plan(table: TensorTable, count: np.ndarray, *, gap_escapes: np.ndarray, hist
          device: torch.device) -> Plan:
     """The plan of one payload from the per-tensor statistics: change counts, gaps over a
     byte and residue-width histograms (rows)."""
-    return prepare(table, count, hist.shape[1]).plan(gap_escapes=gap_escapes, hist=hist,
-                                                     device=device)
+    counted = prepare(table, count, hist.shape[1])
+    return counted.plan(counted.choose(gap_escapes=gap_escapes, hist=hist), device=device)
 
 
 def _entries(table: TensorTable, count: np.ndarray, index: IndexChoice,
