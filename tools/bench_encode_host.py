@@ -10,11 +10,17 @@ has it, as ``dte_detector.FlatChanges``.
 The Triton launches are replaced by no-ops and the kernels run on CPU tensors
 (``dispatch.interpreted()``), so what is timed is exactly the Python, numpy and torch
 host work a GPU sync waits on between kernels (table building, plan, header, digest
-tables), not the device work. Only kernel names the encoder has had since the fused path
+tables), not the device work; also the part of it before ``_stats`` is queued (the GPU
+idles meanwhile), and from then until ``_escape_counts`` is (the statistics' kernel,
+1.9 ms on an H200 for bench_sync's delta, covers the host work before their read; the
+rest, after it, is GPU idle time). Only kernel names the encoder has had since the fused path
 landed are stubbed (and ``block_kernel``'s where the tree has it; an older tree's
 ``repeat_interleave`` in its place runs as CPU torch ops), so the script times an older
 tree too (``PYTHONPATH`` pointing at its ``src`` folders) for before/after figures on
 one machine.
+
+Times are the process's CPU time (one torch thread), so other work on a shared host
+does not count.
 
     uv run python tools/bench_encode_host.py --reps 30
 """
@@ -123,22 +129,25 @@ class _FirstLaunch(_NoLaunch):
 
     def __getitem__(self, grid):
         if self.at is None:
-            self.at = time.perf_counter()
+            self.at = time.process_time()
         return super().__getitem__(grid)
 
 
-def timed(fn, reps: int, first: _FirstLaunch) -> tuple[float, float, float]:
-    """Median and least ms of ``fn()`` over ``reps`` runs after two warm-ups, and the
-    median ms before ``first`` was launched."""
+def timed(fn, reps: int, first: _FirstLaunch, second: _FirstLaunch
+          ) -> tuple[float, float, float, float]:
+    """Median and least ms of ``fn()`` over ``reps`` runs after two warm-ups, the median
+    ms before ``first`` was launched, and from then until ``second`` was."""
     fn(), fn()
-    samples, before = [], []
+    samples, before, between = [], [], []
     for _ in range(reps):
-        first.at = None
-        start = time.perf_counter()
+        first.at = second.at = None
+        start = time.process_time()
         fn()
-        samples.append((time.perf_counter() - start) * 1e3)
+        samples.append((time.process_time() - start) * 1e3)
         before.append(((first.at or start) - start) * 1e3)
-    return statistics.median(samples), min(samples), statistics.median(before)
+        between.append(((second.at or start) - (first.at or start)) * 1e3)
+    return (statistics.median(samples), min(samples), statistics.median(before),
+            statistics.median(between))
 
 
 def main() -> None:
@@ -153,9 +162,9 @@ def main() -> None:
     torch.manual_seed(0)
     weights = {n: torch.randn(s).bfloat16() for n, s in qwen3_4b(a.shrink).items()}
     change = changes(weights, a.fraction)
-    for kernel in ("_escape_counts", "_write"):
-        setattr(encode_kernel, kernel, _NoLaunch())
+    encode_kernel._write = _NoLaunch()
     encode_kernel._stats = first = _FirstLaunch()
+    encode_kernel._escape_counts = second = _FirstLaunch()
     body_digest_kernel._digest = _NoLaunch()
     try:  # the block -> segment table's kernel, in trees that have it
         from dte_codec import block_kernel
@@ -172,14 +181,15 @@ def main() -> None:
                 continue
             delta = timed(lambda: encode_delta_batched(  # noqa: B023 (timed at once)
                 weights, found, stream_id="s", base_version=next(version), version=1 << 40),
-                a.reps, first)
+                a.reps, first, second)
             changed = sum(1 for name in found if found[name].indices.numel())
             print(f"| encode host {a.label} | {len(weights)} tensors, {changed} changed "
                   f"({label}) | encode_delta {delta[0]:.2f} ms (least {delta[1]:.2f}; "
-                  f"{delta[2]:.2f} before ``_stats`` is queued) | "
+                  f"{delta[2]:.2f} before ``_stats`` is queued, then {delta[3]:.2f} until "
+                  f"``_escape_counts`` is) | "
                   f"{machine('cpu')} | {git_sha()} | {datetime.date.today()} |")
         full = timed(lambda: encode_full(weights, stream_id="s", version=next(version)), a.reps,
-                     _FirstLaunch())
+                     _FirstLaunch(), _FirstLaunch())
     print(f"| encode host {a.label} | {len(weights)} tensors | encode_full {full[0]:.2f} ms "
           f"(least {full[1]:.2f}) | {machine('cpu')} | {git_sha()} | {datetime.date.today()} |")
 
