@@ -24,7 +24,7 @@ TILE = 1024
 def _owners(blocks, owners, TILE: tl.constexpr):
     seg = tl.program_id(0)
     lanes = tl.arange(0, TILE)
-    start = tl.zeros((), tl.int64)
+    start = seg.to(tl.int64) * 0  # a scalar that the loop adds to
     for at in range(0, seg, TILE):
         start += tl.sum(tl.load(blocks + at + lanes, mask=at + lanes < seg, other=0)
                         .to(tl.int64))
