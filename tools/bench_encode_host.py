@@ -38,13 +38,47 @@ from dte_codec import body_digest_kernel, dispatch, encode_full, encode_kernel
 from dte_codec.encode import encode_delta_batched
 from dte_detector.batch import GROUP_ELEMENTS
 from provenance import git_sha, machine
+from torch.utils._python_dispatch import TorchDispatchMode
 
 
 class _NoLaunch:
-    """Stands for a Triton kernel: ``kernel[grid](...)`` does nothing."""
+    """Stands for a Triton kernel: ``kernel[grid](...)`` does nothing but count."""
+
+    launches = 0
 
     def __getitem__(self, grid):
-        return lambda *args, **kwargs: None
+        def launch(*args, **kwargs):
+            _NoLaunch.launches += 1
+        return launch
+
+
+_NOT_KERNELS = ("empty", "empty_strided", "_to_copy", "copy_", "lift_fresh", "lift_fresh_copy",
+                "_local_scalar_dense", "is_pinned", "_pin_memory", "set_", "resize_")
+"""Aten ops that launch no kernel on a GPU (allocations, the scalar read), or copies
+(on CPU tensors a host-device copy is no op to see; those are counted from the code)."""
+
+
+class _DeviceOps(TorchDispatchMode):
+    """Counts the aten ops that would launch a kernel on a GPU: all but views and
+    ``_NOT_KERNELS``. An op that is one aten call may be several CUDA kernels (a cumsum
+    over a 1-d tensor: two; ``repeat_interleave``: three, besides its arange and gather)."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if not func.is_view and func.overloadpacket.__name__ not in _NOT_KERNELS:
+            self.ops += 1
+        return func(*args, **(kwargs or {}))
+
+
+def device_ops(fn) -> int:
+    """Aten kernel ops (``_DeviceOps``) and Triton launches of one ``fn()``."""
+    launched = _NoLaunch.launches
+    with _DeviceOps() as mode:
+        fn()
+    return mode.ops + _NoLaunch.launches - launched
 
 
 def qwen3_4b(shrink: int) -> dict[str, tuple[int, ...]]:
@@ -179,14 +213,17 @@ def main() -> None:
         for label, found in cases.items():
             if found is None:
                 continue
-            delta = timed(lambda: encode_delta_batched(  # noqa: B023 (timed at once)
-                weights, found, stream_id="s", base_version=next(version), version=1 << 40),
-                a.reps, first, second)
+            def encode():
+                return encode_delta_batched(weights, found,  # noqa: B023 (called at once)
+                                            stream_id="s", base_version=next(version),
+                                            version=1 << 40)
+            delta = timed(encode, a.reps, first, second)
+            ops = device_ops(encode)
             changed = sum(1 for name in found if found[name].indices.numel())
             print(f"| encode host {a.label} | {len(weights)} tensors, {changed} changed "
                   f"({label}) | encode_delta {delta[0]:.2f} ms (least {delta[1]:.2f}; "
                   f"{delta[2]:.2f} before ``_stats`` is queued, then {delta[3]:.2f} until "
-                  f"``_escape_counts`` is) | "
+                  f"``_escape_counts`` is; {ops} device ops) | "
                   f"{machine('cpu')} | {git_sha()} | {datetime.date.today()} |")
         full = timed(lambda: encode_full(weights, stream_id="s", version=next(version)), a.reps,
                      _FirstLaunch(), _FirstLaunch())
