@@ -256,6 +256,8 @@ class PinnedStage:
         """Copies that may still be reading the buffer, oldest first: their first word,
         their lap and an event after them."""
         self._lap = 0
+        self._spare: list[torch.cuda.Event] = []
+        """Events of copies waited for, to record again."""
 
     def copy(self, arrays: list[np.ndarray], starts: list[int], words: int) -> torch.Tensor:
         """``arrays`` at word offsets ``starts`` of a ``words``-word tensor on the device
@@ -266,20 +268,26 @@ class PinnedStage:
         reads = self._reads
         if self._at + words > len(self._array):
             while reads and reads[0][1] < self._lap:  # the tail of the lap before: a lap old
-                reads.popleft()[2].synchronize()
+                self._wait()
             self._at, self._lap = 0, self._lap + 1
         at, self._at = self._at, self._at + words  # words is even: the next stays aligned
         # the last lap's copies left lie from here on in order: wait for those this one
         # overwrites
         while reads and reads[0][1] < self._lap and reads[0][0] < self._at:
-            reads.popleft()[2].synchronize()
+            self._wait()
         _gathered(self._array[at:self._at], arrays, starts)
         stream = torch.cuda.current_stream(self.device)
         flat = self._host[at:self._at].to(self.device, non_blocking=True)
-        read = torch.cuda.Event()
+        read = self._spare.pop() if self._spare else torch.cuda.Event()
         read.record(stream)
         reads.append((at, self._lap, read))
         return flat
+
+    def _wait(self) -> None:
+        """Wait for the oldest copy that may still read the buffer."""
+        read = self._reads.popleft()[2]
+        read.synchronize()
+        self._spare.append(read)
 
 
 _stages = threading.local()
