@@ -79,8 +79,7 @@ def encode_delta_flat(tensors: Mapping[str, torch.Tensor], changes: Mapping[str,
                                    base_version=base_version, version=version),
                     torch.empty(0, dtype=torch.uint8))
     picked, count = rows.tolist(), counts[rows]
-    devices = ({known.key.facts[r][3] for r in picked} if known.device is None
-               else {known.device})
+    devices = {known.key.devices[r] for r in picked} if known.device is None else {known.device}
     if len(devices) > 1 or not known.encodable[rows].all():
         return None
     device = devices.pop()

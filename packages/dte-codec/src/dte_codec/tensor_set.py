@@ -30,23 +30,24 @@ SET_CACHE = 4
 
 @attrs.frozen(eq=False)
 class Key:
-    """Per tensor, what a set's cached facts depend on: its address, shape, dtype, device
-    and contiguity, one tuple per tensor (read in one pass: a sync checks them all)."""
+    """Per tensor, what a set's cached facts depend on."""
 
-    facts: list[tuple[int, torch.Size, torch.dtype, torch.device, bool]]
+    pointers: list[int]
+    shapes: list[torch.Size]
+    dtypes: list[torch.dtype]
+    devices: list[torch.device]
+    contiguous: list[bool]
 
     @classmethod
     def of(cls, tensors: list[torch.Tensor]) -> Key:
-        return cls([(t.data_ptr(), t.shape, t.dtype, t.device, t.is_contiguous())
-                    for t in tensors])
+        return cls([t.data_ptr() for t in tensors], [t.shape for t in tensors],
+                   [t.dtype for t in tensors], [t.device for t in tensors],
+                   [t.is_contiguous() for t in tensors])
 
     def same(self, other: Key) -> bool:
-        return self.facts == other.facts
-
-    def column(self, at: int) -> list:
-        """One fact of every tensor: 0 addresses, 1 shapes, 2 dtypes, 3 devices,
-        4 contiguity."""
-        return [fact[at] for fact in self.facts]
+        return (self.pointers == other.pointers and self.shapes == other.shapes
+                and self.dtypes == other.dtypes and self.devices == other.devices
+                and self.contiguous == other.contiguous)
 
 
 @attrs.frozen(eq=False, slots=False)
@@ -75,7 +76,7 @@ class TensorSet:
 
     @functools.cached_property
     def contiguous(self) -> bool:
-        return all(self.key.column(4))
+        return all(self.key.contiguous)
 
     @functools.cached_property
     def dtype_ids(self) -> dict[torch.dtype, int]:
@@ -124,11 +125,10 @@ def tensor_set(tensors: Mapping[str, torch.Tensor]) -> TensorSet:
 
 
 def _build(names: tuple[str, ...], key: Key) -> TensorSet:
-    shapes, dtypes = key.column(1), key.column(2)
-    table = tensor_table(list(zip(names, dtypes, shapes)))
+    table = tensor_table(list(zip(names, key.dtypes, key.shapes)))
     encodable = np.array([len(n.encode()) <= MAX_NAME_BYTES and d in DTYPE_CODES
-                          and len(s) <= MAX_NDIM for n, d, s in zip(names, dtypes, shapes)],
+                          and len(s) <= MAX_NDIM for n, d, s in zip(names, key.dtypes, key.shapes)],
                          bool) & (table.numel > 0)
-    devices = set(key.column(3))
-    return TensorSet(key, table, np.array(key.column(0), np.int64), encodable,
+    devices = set(key.devices)
+    return TensorSet(key, table, np.array(key.pointers, np.int64), encodable,
                      devices.pop() if len(devices) == 1 else None)
