@@ -9,6 +9,7 @@ and AdamW being elementwise, the canonical trajectory run by every rank is the r
 from __future__ import annotations
 
 import datetime
+import multiprocessing
 import os
 import time
 import uuid
@@ -36,6 +37,26 @@ def rendezvous(folder) -> str:
     """A fresh file for ``init_process_group``: no port to pick, so no port to lose to
     another test between picking and binding it."""
     return f"file://{folder}/rendezvous-{uuid.uuid4().hex}"
+
+
+RANK_MODULES = ("group_worker", "two_round_worker", "megatron_world", "torch._dynamo",
+                "megatron.core.models.gpt.gpt_layer_specs", "megatron.core.parallel_state")
+"""What every rank of the default run's multi-process tests imports: the rank modules,
+torch and the packages, ``torch._dynamo`` (the first ``torch.optim`` optimizer imports
+it) and megatron-core. A name not importable where the fork server starts (a rank
+module whose conftest did not put its folder on ``sys.path``) is skipped there and
+imported by each rank instead."""
+
+
+def ranks() -> multiprocessing.context.ForkServerContext:
+    """The context to start rank processes with: each rank is forked from one fork server
+    per test process that has imported ``RANK_MODULES`` once, where a spawned rank would
+    import them again (5-15 s of CPU each on the 2-core machine). The server is a fresh
+    single-threaded interpreter that has run no collective and no torch op, so a fork
+    of it is as clean as a spawn."""
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(list(RANK_MODULES))
+    return context
 
 
 def finish(processes, seconds: float) -> tuple[list, list]:

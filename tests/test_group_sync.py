@@ -3,7 +3,6 @@ send to SGLang-layout rollout ranks, every version bitwise equal to a full sync.
 
 from __future__ import annotations
 
-import multiprocessing
 import time
 
 import pytest
@@ -11,7 +10,7 @@ from areal_dte import Method
 from dte_codec.layouts import ModelConfig
 from dte_codec.megatron_layout import MegatronLayout
 from dte_codec.sglang_layout import SGLangLayout
-from group_worker import Case, finish, rendezvous, run
+from group_worker import Case, finish, ranks, rendezvous, run
 
 pytestmark = [pytest.mark.distributed, pytest.mark.processes]
 
@@ -26,12 +25,12 @@ JOIN_SECONDS = 240
 
 
 def launch(case: Case, tmp_path, *, replace_rank: int | None = None) -> dict[str, list[str]]:
-    """Run every rank of ``case`` in its own spawned process; return each rank's log.
+    """Run every rank of ``case`` in its own process (``ranks()``); return each rank's log.
 
     With ``replace_rank``, once that rank's process has exited a replacement starts and
     the survivors re-form the group with it through a second rendezvous file.
     """
-    context = multiprocessing.get_context("spawn")
+    context = ranks()
     store, rejoin = rendezvous(tmp_path), rendezvous(tmp_path)
     procs = [context.Process(target=run, args=(rank, case, store, str(tmp_path)),
                              kwargs={"rejoin": rejoin if replace_rank is not None else None})
