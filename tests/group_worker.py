@@ -51,9 +51,9 @@ imported by each rank instead."""
 def ranks() -> multiprocessing.context.ForkServerContext:
     """The context to start rank processes with: each rank is forked from one fork server
     per test process that has imported ``RANK_MODULES`` once, where a spawned rank would
-    import them again (5-15 s of CPU each on the 2-core machine). The server is a fresh
-    single-threaded interpreter that has run no collective and no torch op, so a fork
-    of it is as clean as a spawn."""
+    import them again (3-15 s of CPU each on the 2-core machine). The server only
+    imports: it joins no group and computes nothing, so a rank forked from it starts as
+    clean as a spawned one (as DataLoader workers forked after ``import torch`` do)."""
     context = multiprocessing.get_context("forkserver")
     context.set_forkserver_preload(list(RANK_MODULES))
     return context
