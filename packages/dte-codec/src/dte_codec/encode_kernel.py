@@ -56,6 +56,14 @@ _WIDE_BIT = tl.constexpr(64)
 """A code byte: the residue width an element needs (< 64), plus this bit for a wide gap."""
 _MAX_GAP_BYTE = tl.constexpr(255)
 _INT64 = torch.int64
+_PATTERN = {2: torch.int16, 4: torch.int32, 8: _INT64}
+"""The per-element scratch dtype for value patterns of up to 2, 4 or 8 bytes."""
+
+
+def _pattern_bytes(bits: np.ndarray) -> int:
+    """The scratch bytes per value pattern for tensors of ``bits`` bits (2 at least)."""
+    widest = int(bits.max()) if bits.size else 0
+    return next(size for size in (2, 4, 8) if widest <= 8 * size)
 
 # columns of the items table (one row per column, one entry per tensor): the sync's
 # counts and blocks, then where its change sets lie (change_table.ChangeTable.COLUMNS),
@@ -123,8 +131,14 @@ def _pattern(items, segments, seg, idx, valid):
                     column(items, _SIZE, segments, seg), valid) & mask
 
 
+@triton.jit
+def _block_at(block, BLOCK: tl.constexpr):
+    """Offsets of a block's elements in the per-element scratch (codes, patterns)."""
+    return block.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+
+
 @triton.jit(do_not_specialize=["segments", "kept"])
-def _stats(items, block_seg, segments, codes, out, kept, BLOCK: tl.constexpr,
+def _stats(items, block_seg, segments, codes, patterns, out, kept, BLOCK: tl.constexpr,
            BINS: tl.constexpr):
     block, seg, rank, valid, _ = _block(items, block_seg, segments, BLOCK)
     idx = _index(items, segments, seg, rank, valid)
@@ -147,7 +161,10 @@ def _stats(items, block_seg, segments, codes, out, kept, BLOCK: tl.constexpr,
     wide = valid & (gap > _MAX_GAP_BYTE)
     bad = valid & ((idx < 0) | (idx >= numel) | (gap <= 0))
     code = need | tl.where(wide, _WIDE_BIT, 0)
-    tl.store(codes + block.to(tl.int64) * BLOCK + tl.arange(0, BLOCK), code.to(tl.uint8))
+    tl.store(codes + _block_at(block, BLOCK), code.to(tl.uint8))
+    # kept for _write: the weights read again at the indices would touch ~40 % of their
+    # sectors a second time at a few percent changed (32-byte sectors, 2-byte values)
+    tl.store(patterns + _block_at(block, BLOCK), pattern.to(patterns.dtype.element_ty))
     row = out + seg * (2 + kept)  # kept: the bins the host reads, < BINS - 1 (missing elements)
     wides = tl.sum(wide.to(tl.int64))
     bads = tl.sum(bad.to(tl.int64))
@@ -170,7 +187,7 @@ def _escaped(enc, venc, vwidth, code, valid):
 
 @triton.jit
 def _codes(codes, block, BLOCK: tl.constexpr):
-    return tl.load(codes + block.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)).to(tl.int64)
+    return tl.load(codes + _block_at(block, BLOCK)).to(tl.int64)
 
 
 @triton.jit(do_not_specialize=["segments", "blocks"])
@@ -234,11 +251,10 @@ def _write_indices(items, layout, segments, seg, words, rank, valid, has_next, i
 
 
 @triton.jit
-def _write_values(items, layout, segments, seg, words, rank, valid, has_next, idx, escaped,
+def _write_values(items, layout, segments, seg, words, rank, valid, has_next, pattern, escaped,
                   values, any_escaped, BLOCK: tl.constexpr):
     """Residue fields of the values not escaped, escape positions and raw values (every
     value of a RAW entry, the escaped ones of a RESIDUE entry)."""
-    pattern = _pattern(items, segments, seg, idx, valid)
     bits = column(items, _BITS, segments, seg)
     raw = column(layout, _RAW, segments, seg)
     if column(layout, _VENC, segments, seg) == _V_RESIDUE:
@@ -261,7 +277,8 @@ def _write_values(items, layout, segments, seg, words, rank, valid, has_next, id
 
 
 @triton.jit(do_not_specialize=["segments", "blocks"])
-def _write(items, layout, block_seg, segments, codes, counts, inclusive, blocks, words,
+def _write(items, layout, block_seg, segments, codes, patterns, counts, inclusive, blocks,
+           words,
            BLOCK: tl.constexpr):
     block, seg, rank, valid, count = _block(items, block_seg, segments, BLOCK)
     if column(layout, _ENC, segments, seg) >= 0:  # dense entries are copied in afterwards
@@ -276,8 +293,10 @@ def _write(items, layout, block_seg, segments, codes, counts, inclusive, blocks,
         idx = _index(items, segments, seg, rank, valid)
         _write_indices(items, layout, segments, seg, words, rank, valid, has_next, idx, code,
                        inclusive, counts, block, first, tl.load(counts + block) > 0, BLOCK)
-        _write_values(items, layout, segments, seg, words, rank, valid, has_next, idx, value,
-                      values, tl.load(counts + blocks + block) > 0, BLOCK)
+        pattern = (tl.load(patterns + _block_at(block, BLOCK)).to(tl.int64)
+                   & width_mask(column(items, _BITS, segments, seg)))
+        _write_values(items, layout, segments, seg, words, rank, valid, has_next, pattern,
+                      value, values, tl.load(counts + blocks + block) > 0, BLOCK)
 
 
 class FusedFlat:
@@ -311,6 +330,8 @@ class FusedFlat:
         self.items = host_table(columns, device)
         self.block_seg = block_segments(self.items[_BLOCKS], self.blocks)
         self.codes = torch.empty(self.blocks * BLOCK, dtype=torch.uint8, device=device)
+        self.patterns = torch.empty(self.blocks * BLOCK, device=device,
+                                    dtype=_PATTERN[_pattern_bytes(known.bits[rows])])
 
     def stats(self, bins: int) -> torch.Tensor:
         """On the device, per tensor (rows): gaps over a byte, invalid indices, and the
@@ -322,7 +343,8 @@ class FusedFlat:
         if self.blocks:
             with on_device(self.device):
                 _stats[(self.blocks,)](self.items, self.block_seg, self.segments, self.codes,
-                                       out, bins, BLOCK=BLOCK, BINS=HIST_BINS, num_warps=WARPS)
+                                       self.patterns, out, bins, BLOCK=BLOCK, BINS=HIST_BINS,
+                                       num_warps=WARPS)
         return out
 
     def count_escapes(self, choice: Choice) -> None:
@@ -350,7 +372,8 @@ class FusedFlat:
         if self.blocks:
             with on_device(self.device):
                 _write[(self.blocks,)](self.items, layout.table, self.block_seg,
-                                       self.segments, self.codes, *self._escapes,
+                                       self.segments, self.codes, self.patterns,
+                                       *self._escapes,
                                        self.blocks, body, BLOCK=BLOCK, num_warps=WARPS)
         return body[:words].view(torch.uint8)
 
