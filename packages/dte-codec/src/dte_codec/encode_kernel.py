@@ -38,7 +38,7 @@ from .dispatch import on_device
 from .fields import block_segments, host_table
 from .header import IndexEncoding, ValueEncoding
 from .kernel_bits import (bit_length, column, load_uniform, order_key, owned_block, packs,
-                          put_fields, put_packed, width_mask)
+                          put_fields, put_packed, store_uniform, width_mask)
 
 if TYPE_CHECKING:
     from .change_table import ChangeTable
@@ -56,12 +56,11 @@ _WIDE_BIT = tl.constexpr(64)
 """A code byte: the residue width an element needs (< 64), plus this bit for a wide gap."""
 _MAX_GAP_BYTE = tl.constexpr(255)
 _INT64 = torch.int64
-_PATTERN = {2: torch.int16, 4: torch.int32, 8: _INT64}
-"""The per-element scratch dtype for value patterns of up to 2, 4 or 8 bytes."""
 
 
 def _pattern_bytes(bits: np.ndarray) -> int:
-    """The scratch bytes per value pattern for tensors of ``bits`` bits (2 at least)."""
+    """The scratch bytes per value pattern for tensors of ``bits`` bits (2 at least): a
+    runtime size, so that no payload's dtypes compile another kernel variant."""
     widest = int(bits.max()) if bits.size else 0
     return next(size for size in (2, 4, 8) if widest <= 8 * size)
 
@@ -137,8 +136,9 @@ def _block_at(block, BLOCK: tl.constexpr):
     return block.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
 
 
-@triton.jit(do_not_specialize=["segments", "kept"])
-def _stats(items, block_seg, segments, codes, patterns, out, kept, BLOCK: tl.constexpr,
+@triton.jit(do_not_specialize=["segments", "patterns", "pattern_size", "kept"])
+def _stats(items, block_seg, segments, codes, patterns, pattern_size, out, kept,
+           BLOCK: tl.constexpr,
            BINS: tl.constexpr):
     block, seg, rank, valid, _ = _block(items, block_seg, segments, BLOCK)
     idx = _index(items, segments, seg, rank, valid)
@@ -164,7 +164,7 @@ def _stats(items, block_seg, segments, codes, patterns, out, kept, BLOCK: tl.con
     tl.store(codes + _block_at(block, BLOCK), code.to(tl.uint8))
     # kept for _write: the weights read again at the indices would touch ~40 % of their
     # sectors a second time at a few percent changed (32-byte sectors, 2-byte values)
-    tl.store(patterns + _block_at(block, BLOCK), pattern.to(patterns.dtype.element_ty))
+    store_uniform(patterns, _block_at(block, BLOCK), pattern, pattern_size, valid)
     row = out + seg * (2 + kept)  # kept: the bins the host reads, < BINS - 1 (missing elements)
     wides = tl.sum(wide.to(tl.int64))
     bads = tl.sum(bad.to(tl.int64))
@@ -276,9 +276,9 @@ def _write_values(items, layout, segments, seg, words, rank, valid, has_next, pa
         put_packed(words, raw + rank * bits, pattern, bits, valid, BLOCK)
 
 
-@triton.jit(do_not_specialize=["segments", "blocks"])
-def _write(items, layout, block_seg, segments, codes, patterns, counts, inclusive, blocks,
-           words,
+@triton.jit(do_not_specialize=["segments", "patterns", "pattern_size", "blocks"])
+def _write(items, layout, block_seg, segments, codes, patterns, pattern_size, counts, inclusive,
+           blocks, words,
            BLOCK: tl.constexpr):
     block, seg, rank, valid, count = _block(items, block_seg, segments, BLOCK)
     if column(layout, _ENC, segments, seg) >= 0:  # dense entries are copied in afterwards
@@ -293,7 +293,7 @@ def _write(items, layout, block_seg, segments, codes, patterns, counts, inclusiv
         idx = _index(items, segments, seg, rank, valid)
         _write_indices(items, layout, segments, seg, words, rank, valid, has_next, idx, code,
                        inclusive, counts, block, first, tl.load(counts + block) > 0, BLOCK)
-        pattern = (tl.load(patterns + _block_at(block, BLOCK)).to(tl.int64)
+        pattern = (load_uniform(patterns, _block_at(block, BLOCK), pattern_size, valid)
                    & width_mask(column(items, _BITS, segments, seg)))
         _write_values(items, layout, segments, seg, words, rank, valid, has_next, pattern,
                       value, values, tl.load(counts + blocks + block) > 0, BLOCK)
@@ -330,8 +330,9 @@ class FusedFlat:
         self.items = host_table(columns, device)
         self.block_seg = block_segments(self.items[_BLOCKS], self.blocks)
         self.codes = torch.empty(self.blocks * BLOCK, dtype=torch.uint8, device=device)
-        self.patterns = torch.empty(self.blocks * BLOCK, device=device,
-                                    dtype=_PATTERN[_pattern_bytes(known.bits[rows])])
+        self.pattern_size = _pattern_bytes(known.bits[rows])
+        self.patterns = torch.empty(self.blocks * BLOCK * self.pattern_size, dtype=torch.uint8,
+                                    device=device)
 
     def stats(self, bins: int) -> torch.Tensor:
         """On the device, per tensor (rows): gaps over a byte, invalid indices, and the
@@ -343,8 +344,8 @@ class FusedFlat:
         if self.blocks:
             with on_device(self.device):
                 _stats[(self.blocks,)](self.items, self.block_seg, self.segments, self.codes,
-                                       self.patterns, out, bins, BLOCK=BLOCK, BINS=HIST_BINS,
-                                       num_warps=WARPS)
+                                       self.patterns.data_ptr(), self.pattern_size, out, bins,
+                                       BLOCK=BLOCK, BINS=HIST_BINS, num_warps=WARPS)
         return out
 
     def count_escapes(self, choice: Choice) -> None:
@@ -372,7 +373,8 @@ class FusedFlat:
         if self.blocks:
             with on_device(self.device):
                 _write[(self.blocks,)](self.items, layout.table, self.block_seg,
-                                       self.segments, self.codes, self.patterns,
+                                       self.segments, self.codes, self.patterns.data_ptr(),
+                                       self.pattern_size,
                                        *self._escapes,
                                        self.blocks, body, BLOCK=BLOCK, num_warps=WARPS)
         return body[:words].view(torch.uint8)
