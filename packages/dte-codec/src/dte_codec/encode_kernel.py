@@ -45,10 +45,13 @@ if TYPE_CHECKING:
     from .encode_plan import Choice, Layout
     from .tensor_set import TensorSet
 
-BLOCK = 1024
-WARPS = 16
-"""Warps per program (2 elements per thread): with Triton's default 4, ``_write`` needs 255
-registers and spills (ptxas, sm_90a), so an SM holds 8 warps; with 16, 120 and none."""
+BLOCK = 256
+WARPS = 4
+"""Warps per program: 2 elements per thread (8 per thread made ``_write`` need 255 registers
+and spill). Small programs, so that an SM holds several: their block-wide scans and
+barriers overlap (one H200, the Qwen3-4B delta of ``tools/gpu/bench_codec_batched.py
+--encode-only``: ``_write`` 5.6 ms with 1,024 elements and 16 warps, 4.8 with 512 and 8,
+3.3 with 256 and 4, 3.2 with 128 and 2, where ``_stats`` grew; the same bytes)."""
 HIST_BINS = 64
 """Histogram bins per tensor; a residue needs at most 33 bits."""
 _NEED_MASK = tl.constexpr(63)
