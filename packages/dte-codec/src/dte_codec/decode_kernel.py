@@ -2,7 +2,7 @@
 
 Blocks never straddle two entries here: entry ``e``'s elements (or its stream's words)
 take whole blocks from block ``first_block[e]`` on, so a program reads its entry from a
-block -> entry table (one load, built once per payload by ``fields.block_segments``; no
+block -> entry table (one load, built once per payload by ``block_owners.owners``; no
 search and no compile-time entry count), branches on the entry's encoding, and the prefix sum of per-block counts
 at an entry's first block is the entry's own base.
 
@@ -33,7 +33,8 @@ import triton
 import triton.language as tl
 
 from .dispatch import on_device
-from .fields import block_segments, host_tables
+from .block_owners import owners, packed
+from .fields import host_tables
 from .header import IndexEncoding
 from .kernel_bits import (bit_length, column, flags_before, get_fields, load_int,
                           owned_block, shift_right, width_mask)
@@ -300,7 +301,7 @@ def escape_failures(escapes: np.ndarray, at: np.ndarray, sizes: np.ndarray,
     entry ``escapes`` positions of ``sizes`` bytes at address ``at``: one launch."""
     with on_device(device):
         rows = _escape_rows(escapes, at, sizes, counts)
-        return _escape_pass(rows, *host_tables([rows], device))
+        return _escape_pass(rows, *host_tables([rows, packed(rows[_P_BLOCKS])], device))
 
 
 def _escape_rows(escapes: np.ndarray, at: np.ndarray, sizes: np.ndarray, counts: np.ndarray
@@ -309,11 +310,12 @@ def _escape_rows(escapes: np.ndarray, at: np.ndarray, sizes: np.ndarray, counts:
     return np.stack([_starts(blocks), escapes, at, sizes, counts, blocks])
 
 
-def _escape_pass(rows: np.ndarray, table: torch.Tensor) -> torch.Tensor:
-    """The ``_positions`` launch over the escape table ``rows`` (``table`` on the device)."""
+def _escape_pass(rows: np.ndarray, table: torch.Tensor, blocks: torch.Tensor) -> torch.Tensor:
+    """The ``_positions`` launch over the escape table ``rows`` (``table`` on the device,
+    and the ``block_owners.packed`` row of its blocks)."""
     total = int(rows[_P_BLOCKS].sum())
     failures = _rows(1, total, table.device)[0]
-    _positions[(total,)](table, block_segments(table[_P_BLOCKS], total), rows.shape[1],
+    _positions[(total,)](table, owners(blocks, rows.shape[1], total), rows.shape[1],
                          failures, BLOCK=BLOCK)
     return failures.sum()
 
@@ -341,17 +343,20 @@ def _decode(rows: np.ndarray, counts: np.ndarray, words: torch.Tensor,
     streams_rows, stream_of = _stream_rows(rows, counts)
     enc, first, stride, width, second, escape_bits, low_width, numel, escapes_n, _ = rows
     tables = [np.stack([_starts(blocks), _starts(counts), counts, numel, enc, first, stride,
-                        width, second, escape_bits, low_width, stream_of, blocks, escapes_n])]
+                        width, second, escape_bits, low_width, stream_of, blocks, escapes_n]),
+              packed(blocks)]
     if streams_rows is not None:
-        tables.append(streams_rows)
+        tables += [streams_rows, packed(streams_rows[_STREAM_BLOCKS])]
     if escapes is not None:
-        tables.append(_escape_rows(*escapes))
-    table, *rest = host_tables(tables, device)
-    failures = [] if escapes is None else [_escape_pass(tables[-1], rest.pop())]
-    streams, ones, stream_failures = _stream_pass(streams_rows, rest[0] if rest else None,
-                                                  words)
+        escape_rows = _escape_rows(*escapes)
+        tables += [escape_rows, packed(escape_rows[_P_BLOCKS])]
+    # every table and block count in one copy
+    table, entry_blocks, *rest = host_tables(tables, device)
+    failures = [] if escapes is None else [_escape_pass(escape_rows, *rest[-2:])]
+    streams, ones, stream_failures = _stream_pass(streams_rows, rest[:2] if streams_rows
+                                                  is not None else None, words)
     segments, total_blocks = counts.size, int(blocks.sum())
-    block_seg = block_segments(table[_BLOCKS], total_blocks)
+    block_seg = owners(entry_blocks, segments, total_blocks)
     out = torch.empty(int(counts.sum()), dtype=_INT64, device=device)
     wides, sums, gap_failures, check_failures = _rows(4, total_blocks, device)
     grid = (total_blocks,)
@@ -389,18 +394,20 @@ def _stream_rows(rows: np.ndarray, counts: np.ndarray) -> tuple[np.ndarray | Non
                     ), stream_of
 
 
-def _stream_pass(rows: np.ndarray | None, streams: torch.Tensor | None, words: torch.Tensor
-                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _stream_pass(rows: np.ndarray | None, on_device: list[torch.Tensor] | None,
+                 words: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The ``_stream`` launch over the stream table ``rows`` (``_stream_rows``; on the
-    device ``streams``): the table, per stream word slot the set bits before it (the
-    ranks ``_fields`` searches), and the failed checks (set-bit counts, padding). Without
-    streams the table is a placeholder that no program reads."""
+    device ``on_device``: the table and the ``block_owners.packed`` row of its blocks):
+    the table, per stream word slot the set bits before it (the ranks ``_fields``
+    searches), and the failed checks (set-bit counts, padding). Without streams the table
+    is a placeholder that no program reads."""
     device, last = words.device, words.numel() - 1
-    if rows is None or streams is None:
+    if rows is None or on_device is None:
         zero = torch.zeros((), dtype=_INT64, device=device)
         return _rows(1, 2, device), _rows(1, 2, device)[0], zero
+    streams, blocks = on_device
     total = int(rows[_STREAM_BLOCKS].sum())
-    block_seg = block_segments(streams[_STREAM_BLOCKS], total)
+    block_seg = owners(blocks, rows.shape[1], total)
     ones = torch.empty(total * BLOCK, dtype=_INT64, device=device)
     bad = _rows(1, total, device)[0]
     _stream[(total,)](streams, block_seg, rows.shape[1], words, last, ones, bad, BLOCK=BLOCK)

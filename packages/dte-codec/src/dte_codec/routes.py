@@ -28,7 +28,8 @@ import numpy as np
 import torch
 
 from .dispatch import on_device
-from .fields import block_segments, host_table, host_tables
+from .block_owners import owners, packed
+from .fields import host_table, host_tables
 from .flat_decode import IS_SPARSE, VALUE_SECTIONS
 from .geometry import Transfer
 from .flat_values import Residues
@@ -36,7 +37,7 @@ from .header import Entry, ValueEncoding
 from .remap import _affine, _check_boxes, _strides
 
 if TYPE_CHECKING:
-    from .decode import Flat
+    from .decode import Flat, QueuedChecks
 
 _WORD = 8
 _NARROW = 2**31
@@ -82,10 +83,6 @@ class Routes:
     _columns: dict[tuple[str, ...], np.ndarray] = attrs.field(
         factory=dict, init=False, eq=False, repr=False)
     """The columns of the names last given to ``source_columns``."""
-    _targets: dict[tuple[int, ...], torch.Tensor] = attrs.field(
-        factory=dict, init=False, eq=False, repr=False)
-    """The device table of the local tensors' addresses, by those addresses (the last
-    set only: a replaced tensor has another address)."""
 
     @classmethod
     def of(cls, transfers: Mapping[str, Sequence[Transfer]],
@@ -162,13 +159,12 @@ class Routes:
         return columns.copy()
 
     def target_addresses(self, weights: Mapping[str, torch.Tensor]) -> torch.Tensor:
-        """The local tensors' addresses, in ``tensors`` order, as a device table."""
-        key = tuple(map(torch.Tensor.data_ptr, map(weights.__getitem__, self.tensors)))
-        table = self._targets.get(key)
-        if table is None:
-            self._targets.clear()
-            table = self._targets[key] = host_table([list(key)], self.table.device)[0]
-        return table
+        """The local tensors' addresses, in ``tensors`` order, as a device table: what
+        ``stage_routed`` takes (a caller that holds the tensors across payloads keeps it
+        while their addresses stay)."""
+        return host_table([list(map(torch.Tensor.data_ptr,
+                                    map(weights.__getitem__, self.tensors)))],
+                          self.table.device)[0]
 
 
 def _split_dim(sizes: tuple[int, ...], boxes: list[tuple[tuple[int, ...], tuple[int, ...]]]
@@ -268,9 +264,18 @@ def _aligned(section: torch.Tensor) -> torch.Tensor:
 
 
 def stage_routed(routes: Routes, weights: Mapping[str, torch.Tensor],
-                 sparse: SparseEntries) -> StagedRoutes | None:
-    """The ``sparse`` entries (on the routes' device) staged into ``weights``; None when
-    the reference must stage them (see the module docstring)."""
+                 sparse: SparseEntries, *, targets: torch.Tensor,
+                 checks: QueuedChecks | None = None) -> StagedRoutes | None:
+    """The ``sparse`` entries (on the routes' device) staged into ``weights``, whose
+    addresses are ``targets`` (``Routes.target_addresses``); None when the reference
+    must stage them (see the module docstring). ``checks``: the queued
+    checks of the payload ``sparse`` was read from (``decode.decode_queued``), read with
+    the routes' summary and settled before anything staged is used; the launches before
+    write only scratch and stay inside the header's bounds, whatever the body holds.
+
+    Raises:
+        DigestError, EntryError: ``checks`` failed (``QueuedChecks.settle``).
+    """
     from . import route_kernel as kernel
     device = routes.table.device
     encodings = sparse.columns["value_encoding"]
@@ -278,7 +283,7 @@ def stage_routed(routes: Routes, weights: Mapping[str, torch.Tensor],
             or not ((encodings == ValueEncoding.RAW)
                     | (encodings == ValueEncoding.RESIDUE)).all()):
         return None
-    moves = _Moves.of(routes, weights, sparse)
+    moves = _Moves.of(routes, weights, sparse, targets)
     flags = torch.zeros(_FLAGS, dtype=torch.int64, device=device)
     if moves.total:
         with on_device(device):
@@ -302,7 +307,14 @@ def stage_routed(routes: Routes, weights: Mapping[str, torch.Tensor],
         flags = torch.cat([flags, resolved.failures.view(1)])
     # copied while the kernels above run: after the synchronization the write only launches
     new_on_device = host_table(new_at[None], device)[0]
-    if bool(flags.any()):  # the one host synchronization
+    if checks is None:
+        failed = bool(flags.any())  # the one host synchronization
+    else:  # the decode's checks first: its errors come before any fallback
+        read = torch.cat([checks.queued.to(device), flags]).tolist()
+        if checks.settle(read[:2]) is not None:
+            return None
+        failed = any(read[2:])
+    if failed:
         return None
     return StagedRoutes(moves, new_at, new_on_device, keep, gathered)
 
@@ -328,9 +340,9 @@ class _Moves:
 
     @classmethod
     def of(cls, routes: Routes, weights: Mapping[str, torch.Tensor],
-           sparse: SparseEntries) -> _Moves:
+           sparse: SparseEntries, targets: torch.Tensor) -> _Moves:
         device = routes.table.device
-        from .route_kernel import BLOCK, BLOCKS, ITEMSIZE, NUMEL
+        from .route_kernel import BLOCK, ITEMSIZE, NUMEL
         counts, itemsize = sparse.columns["count"], sparse.columns["itemsize"]
         blocks = -(-counts // BLOCK)
         sizes = -(-(counts * itemsize) // _WORD) * _WORD
@@ -339,13 +351,13 @@ class _Moves:
         offsets = np.cumsum(sizes) - sizes
         gathered = torch.empty(max(int(sizes.sum()), _WORD), dtype=torch.uint8, device=device)
         # the gather's addresses go with the table: one copy to the device
-        table, gathered_at = host_tables([np.concatenate([
+        table, gathered_at, owned = host_tables([np.concatenate([
             np.stack([np.cumsum(blocks) - blocks, sparse.index_at, sparse.index_size]),
-            columns, np.stack([counts, blocks])]),  # ... ELEMENTS, BLOCKS
-            (gathered.data_ptr() + offsets)[None]], device)
+            columns, counts[None]]),  # ... ELEMENTS
+            (gathered.data_ptr() + offsets)[None], packed(blocks)], device)
         total_blocks = int(blocks.sum())
-        return cls(entries=table, block_seg=block_segments(table[BLOCKS], total_blocks),
-                   tensors=routes.target_addresses(weights),
+        return cls(entries=table, block_seg=owners(owned, blocks.size, total_blocks),
+                   tensors=targets,
                    targets=tuple(weights[name] for name in routes.tensors),
                    tensor_of=torch.empty(total_blocks * BLOCK, dtype=torch.int32, device=device),
                    flat_of=torch.empty(total_blocks * BLOCK, dtype=torch.int64, device=device),
