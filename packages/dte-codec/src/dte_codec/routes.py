@@ -284,11 +284,11 @@ def stage_routed(routes: Routes, weights: Mapping[str, torch.Tensor],
                     | (encodings == ValueEncoding.RESIDUE)).all()):
         return None
     moves = _Moves.of(routes, weights, sparse, targets)
-    flags = torch.zeros(_FLAGS, dtype=torch.int64, device=device)
+    summary = [moves.flags]
     if moves.total:
         with on_device(device):
             kernel.route(moves.entries, moves.block_seg, len(sparse.names), routes.table,
-                         routes.lookup, moves.tensor_of, moves.flat_of, flags,
+                         routes.lookup, moves.tensor_of, moves.flat_of, moves.flags,
                          narrow=routes.narrow)
     gathered = moves.gather()
     new_at = sparse.value_at[0].copy()  # raw values are sent as they are
@@ -304,17 +304,17 @@ def stage_routed(routes: Routes, weights: Mapping[str, torch.Tensor],
             gathered.data_ptr() + moves.offsets[residue]), device)
         new_at[residue] = resolved.out.data_ptr() + resolved.offsets
         keep += (resolved.out,)
-        flags = torch.cat([flags, resolved.failures.view(1)])
+        summary.append(resolved.failures.view(1))
     # copied while the kernels above run: after the synchronization the write only launches
     new_on_device = host_table(new_at[None], device)[0]
-    if checks is None:
-        failed = bool(flags.any())  # the one host synchronization
-    else:  # the decode's checks first: its errors come before any fallback
-        read = torch.cat([checks.queued.to(device), flags]).tolist()
+    if checks is not None:  # the decode's checks first: its errors come before any fallback
+        summary.insert(0, checks.queued.to(device))
+    read = torch.cat(summary).tolist()  # the one host synchronization
+    if checks is not None:
         if checks.settle(read[:2]) is not None:
             return None
-        failed = any(read[2:])
-    if failed:
+        read = read[2:]
+    if any(read):
         return None
     return StagedRoutes(moves, new_at, new_on_device, keep, gathered)
 
@@ -327,6 +327,8 @@ class _Moves:
 
     entries: torch.Tensor
     block_seg: torch.Tensor
+    flags: torch.Tensor
+    """``route_kernel``'s flag counts, zeroed (copied with the table)."""
     tensors: torch.Tensor
     targets: tuple[torch.Tensor, ...]
     tensor_of: torch.Tensor
@@ -351,12 +353,14 @@ class _Moves:
         offsets = np.cumsum(sizes) - sizes
         gathered = torch.empty(max(int(sizes.sum()), _WORD), dtype=torch.uint8, device=device)
         # the gather's addresses go with the table: one copy to the device
-        table, gathered_at, owned = host_tables([np.concatenate([
+        table, gathered_at, owned, flags = host_tables([np.concatenate([
             np.stack([np.cumsum(blocks) - blocks, sparse.index_at, sparse.index_size]),
             columns, counts[None]]),  # ... ELEMENTS
-            (gathered.data_ptr() + offsets)[None], packed(blocks)], device)
+            (gathered.data_ptr() + offsets)[None], packed(blocks),
+            np.zeros(_FLAGS, dtype=np.int64)], device)
         total_blocks = int(blocks.sum())
         return cls(entries=table, block_seg=owners(owned, blocks.size, total_blocks),
+                   flags=flags,
                    tensors=targets,
                    targets=tuple(weights[name] for name in routes.tensors),
                    tensor_of=torch.empty(total_blocks * BLOCK, dtype=torch.int32, device=device),
