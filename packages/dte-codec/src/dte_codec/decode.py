@@ -283,8 +283,10 @@ def _open(data: Frame | bytes | bytearray | memoryview, device: str | torch.devi
                           got=sorted(map(str, shapes)))
     if device is not None and frame.device != torch.device(device):  # one device, checked
         frame = frame.to(device)
-    header = Header.unpack_head(memoryview(frame.header), frame.body_size)
-    return header, frame, queued_digest(frame.segments)
+    # queued first: the device hashes the body while the host reads the header (whose
+    # errors still come first: the digest is compared later)
+    digest = queued_digest(frame.segments)
+    return Header.unpack_head(memoryview(frame.header), frame.body_size), frame, digest
 
 
 def _check_digest(frame: Frame, digest: torch.Tensor) -> None:
