@@ -2,7 +2,7 @@
 
 Blocks never straddle two entries here: entry ``e``'s elements (or its stream's words)
 take whole blocks from block ``first_block[e]`` on, so a program reads its entry from a
-block -> entry table (one load, built once per payload by ``block_owners.owners``; no
+block -> entry table (one load, built once per payload by ``fields.block_segments``; no
 search and no compile-time entry count), branches on the entry's encoding, and the prefix sum of per-block counts
 at an entry's first block is the entry's own base.
 
@@ -34,8 +34,7 @@ import triton
 import triton.language as tl
 
 from .dispatch import on_device
-from .block_owners import owners, packed
-from .fields import host_tables
+from .fields import block_segments, host_tables
 from .header import IndexEncoding
 from .kernel_bits import (bit_length, column, flags_before, get_fields, load_int,
                           owned_block, shift_right, width_mask)
@@ -305,7 +304,7 @@ def escape_failures(escapes: np.ndarray, at: np.ndarray, sizes: np.ndarray,
     entry ``escapes`` positions of ``sizes`` bytes at address ``at``: one launch."""
     with on_device(device):
         rows = _escape_rows(escapes, at, sizes, counts)
-        return _escape_pass(rows, *host_tables([rows, packed(rows[_P_BLOCKS])], device))
+        return _escape_pass(rows, *host_tables([rows], device))
 
 
 def _escape_rows(escapes: np.ndarray, at: np.ndarray, sizes: np.ndarray, counts: np.ndarray
@@ -314,12 +313,11 @@ def _escape_rows(escapes: np.ndarray, at: np.ndarray, sizes: np.ndarray, counts:
     return np.stack([_starts(blocks), escapes, at, sizes, counts, blocks])
 
 
-def _escape_pass(rows: np.ndarray, table: torch.Tensor, blocks: torch.Tensor) -> torch.Tensor:
-    """The ``_positions`` launch over the escape table ``rows`` (``table`` on the device,
-    and the ``block_owners.packed`` row of its blocks)."""
+def _escape_pass(rows: np.ndarray, table: torch.Tensor) -> torch.Tensor:
+    """The ``_positions`` launch over the escape table ``rows`` (``table`` on the device)."""
     total = int(rows[_P_BLOCKS].sum())
     failures = _rows(1, total, table.device)[0]
-    _positions[(total,)](table, owners(blocks, rows.shape[1], total), rows.shape[1],
+    _positions[(total,)](table, block_segments(table[_P_BLOCKS], total), rows.shape[1],
                          failures, BLOCK=BLOCK)
     return failures.sum()
 
@@ -347,19 +345,17 @@ def _decode(rows: np.ndarray, counts: np.ndarray, words: torch.Tensor,
     streams_rows, stream_of = _stream_rows(rows, counts)
     enc, first, stride, width, second, escape_bits, low_width, numel, escapes_n, _ = rows
     tables = [np.stack([_starts(blocks), _starts(counts), counts, numel, enc, first, stride,
-                        width, second, escape_bits, low_width, stream_of, blocks, escapes_n]),
-              packed(blocks)]
+                        width, second, escape_bits, low_width, stream_of, blocks, escapes_n])]
     if streams_rows is not None:
-        tables += [streams_rows, packed(streams_rows[_STREAM_BLOCKS])]
+        tables.append(streams_rows)
     if escapes is not None:
         escape_rows = _escape_rows(*escapes)
-        tables += [escape_rows, packed(escape_rows[_P_BLOCKS])]
-    # every table and block count in one copy
-    table, entry_blocks, *rest = host_tables(tables, device)
-    streams, ranks = _stream_pass(streams_rows, rest[:2] if streams_rows is not None else None,
+        tables.append(escape_rows)
+    table, *rest = host_tables(tables, device)  # every table in one copy
+    streams, ranks = _stream_pass(streams_rows, rest[0] if streams_rows is not None else None,
                                   words)
     segments, total_blocks = counts.size, int(blocks.sum())
-    block_seg = owners(entry_blocks, segments, total_blocks)
+    block_seg = block_segments(table[_BLOCKS], total_blocks)
     out = torch.empty(int(counts.sum()), dtype=_INT64, device=device)
     wides, sums, gap_failures, check_failures = _rows(4, total_blocks, device)
     grid = (total_blocks,)
@@ -369,7 +365,7 @@ def _decode(rows: np.ndarray, counts: np.ndarray, words: torch.Tensor,
     # what ``_fields`` does not read is queued behind it: the device is busy meanwhile
     failures = [ranks.failures(streams)]
     if escapes is not None:
-        failures.append(_escape_pass(escape_rows, *rest[-2:]))
+        failures.append(_escape_pass(escape_rows, rest[-1]))
     if (enc == IndexEncoding.GAP8).any():
         wide_before = _exclusive(wides)
         _gaps[grid](*args, words, last, wide_before, wide_before, sums, gap_failures, out,
@@ -421,18 +417,16 @@ class _Ranks:
         return (found != streams[_STREAM_COUNT]).sum() + self.padded.sum()
 
 
-def _stream_pass(rows: np.ndarray | None, on_device: list[torch.Tensor] | None,
-                 words: torch.Tensor) -> tuple[torch.Tensor, _Ranks]:
+def _stream_pass(rows: np.ndarray | None, streams: torch.Tensor | None, words: torch.Tensor
+                 ) -> tuple[torch.Tensor, _Ranks]:
     """The ``_stream`` launch over the stream table ``rows`` (``_stream_rows``; on the
-    device ``on_device``: the table and the ``block_owners.packed`` row of its blocks):
-    the table and the ranks ``_fields`` searches (``_Ranks``). Without streams the table
-    is a placeholder that no program reads."""
+    device ``streams``): the table and the ranks ``_fields`` searches (``_Ranks``).
+    Without streams the table is a placeholder that no program reads."""
     device, last = words.device, words.numel() - 1
-    if rows is None or on_device is None:
+    if rows is None or streams is None:
         return _rows(1, 2, device), _Ranks(_rows(1, 2, device)[0])
-    streams, blocks = on_device
     total = int(rows[_STREAM_BLOCKS].sum())
-    block_seg = owners(blocks, rows.shape[1], total)
+    block_seg = block_segments(streams[_STREAM_BLOCKS], total)
     ones = torch.empty(total * BLOCK, dtype=_INT64, device=device)
     padded = _rows(1, total, device)[0]
     _stream[(total,)](streams, block_seg, rows.shape[1], words, last, ones, padded, BLOCK=BLOCK)

@@ -4,7 +4,7 @@ local tensors, and move values along those routes, one launch each for all entri
 The flat space is the payload's sparse entries back to back, each on whole blocks (entry
 ``e`` owns the blocks from ``first_block[e]`` on; its element ``r`` is element
 ``indices[e][r]`` of its source tensor), so a program reads its entry from a block ->
-entry table (``block_owners.owners``: one load, no search, no compile-time entry count).
+entry table (``fields.block_segments``: one load, no search, no compile-time entry count).
 Per entry the ``entries`` table holds the address and item size of its index tensor, its
 source shape (right-aligned strides and sizes) and its run of transfers in the
 ``transfers`` table; per transfer: its target tensor, its source box per dimension and
@@ -26,7 +26,7 @@ from .kernel_bits import column, load_uniform, owned_block, store_uniform
 
 BLOCK = 1024
 # columns of the per-entry table (then the strides and the sizes of the source shape, then
-# its element count)
+# its element count and blocks)
 FIRST_BLOCK, INDEX_AT, INDEX_SIZE, NUMEL, FIRST, COUNT, ITEMSIZE, LOOKUP_AT, LOOKUP_DIM, SHAPE = (
     tl.constexpr(c) for c in range(10))
 # columns of the per-transfer table (then per dimension its weight, low and high bound)
@@ -34,6 +34,7 @@ TENSOR, SHIFT, AFFINE = (tl.constexpr(c) for c in range(3))
 DIMS = tl.constexpr(3)
 """Source dimensions a route reads (shapes right-aligned to three)."""
 ELEMENTS = tl.constexpr(SHAPE + 2 * DIMS)
+BLOCKS = ELEMENTS.value + 1  # host-only
 # the flags ``_route`` counts
 OUT_OF_RANGE, TWICE = (tl.constexpr(c) for c in range(2))
 

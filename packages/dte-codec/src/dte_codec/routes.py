@@ -28,8 +28,7 @@ import numpy as np
 import torch
 
 from .dispatch import on_device
-from .block_owners import owners, packed
-from .fields import host_table, host_tables
+from .fields import block_segments, host_table, host_tables
 from .flat_decode import IS_SPARSE, VALUE_SECTIONS
 from .geometry import Transfer
 from .flat_values import Residues
@@ -344,7 +343,7 @@ class _Moves:
     def of(cls, routes: Routes, weights: Mapping[str, torch.Tensor],
            sparse: SparseEntries, targets: torch.Tensor) -> _Moves:
         device = routes.table.device
-        from .route_kernel import BLOCK, ITEMSIZE, NUMEL
+        from .route_kernel import BLOCK, BLOCKS, ITEMSIZE, NUMEL
         counts, itemsize = sparse.columns["count"], sparse.columns["itemsize"]
         blocks = -(-counts // BLOCK)
         sizes = -(-(counts * itemsize) // _WORD) * _WORD
@@ -353,13 +352,12 @@ class _Moves:
         offsets = np.cumsum(sizes) - sizes
         gathered = torch.empty(max(int(sizes.sum()), _WORD), dtype=torch.uint8, device=device)
         # the gather's addresses go with the table: one copy to the device
-        table, gathered_at, owned, flags = host_tables([np.concatenate([
+        table, gathered_at, flags = host_tables([np.concatenate([
             np.stack([np.cumsum(blocks) - blocks, sparse.index_at, sparse.index_size]),
-            columns, counts[None]]),  # ... ELEMENTS
-            (gathered.data_ptr() + offsets)[None], packed(blocks),
-            np.zeros(_FLAGS, dtype=np.int64)], device)
+            columns, np.stack([counts, blocks])]),  # ... ELEMENTS, BLOCKS
+            (gathered.data_ptr() + offsets)[None], np.zeros(_FLAGS, dtype=np.int64)], device)
         total_blocks = int(blocks.sum())
-        return cls(entries=table, block_seg=owners(owned, blocks.size, total_blocks),
+        return cls(entries=table, block_seg=block_segments(table[BLOCKS], total_blocks),
                    flags=flags,
                    tensors=targets,
                    targets=tuple(weights[name] for name in routes.tensors),
