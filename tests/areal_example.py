@@ -48,7 +48,8 @@ def example_loader(tmp_path: Path, *base: str) -> Callable[..., LoadedConfig]:
 
 def started_processes() -> list:
     """Processes this test process started (psutil comes with the areal extra), less
-    multiprocessing's resource tracker, which an earlier test's spawn leaves running for
-    the life of the test process."""
+    multiprocessing's resource tracker and fork server, which an earlier test's spawned or
+    forked ranks (``group_worker.ranks``) leave running for the life of the test process."""
     return [child for child in importlib.import_module("psutil").Process().children()
-            if "multiprocessing.resource_tracker" not in " ".join(child.cmdline())]
+            if not any(helper in " ".join(child.cmdline()) for helper in (
+                "multiprocessing.resource_tracker", "multiprocessing.forkserver"))]

@@ -9,6 +9,7 @@ and AdamW being elementwise, the canonical trajectory run by every rank is the r
 from __future__ import annotations
 
 import datetime
+import multiprocessing
 import os
 import time
 import uuid
@@ -36,6 +37,26 @@ def rendezvous(folder) -> str:
     """A fresh file for ``init_process_group``: no port to pick, so no port to lose to
     another test between picking and binding it."""
     return f"file://{folder}/rendezvous-{uuid.uuid4().hex}"
+
+
+RANK_MODULES = ("group_worker", "two_round_worker", "megatron_world", "torch._dynamo",
+                "megatron.core.models.gpt.gpt_layer_specs", "megatron.core.parallel_state")
+"""What every rank of the default run's multi-process tests imports: the rank modules,
+torch and the packages, ``torch._dynamo`` (the first ``torch.optim`` optimizer imports
+it) and megatron-core. A name not importable where the fork server starts (a rank
+module whose conftest did not put its folder on ``sys.path``) is skipped there and
+imported by each rank instead."""
+
+
+def ranks() -> multiprocessing.context.ForkServerContext:
+    """The context to start rank processes with: each rank is forked from one fork server
+    per test process that has imported ``RANK_MODULES`` once, where a spawned rank would
+    import them again (3-15 s of CPU each on the 2-core machine). The server only
+    imports: it joins no group and computes nothing, so a rank forked from it starts as
+    clean as a spawned one (as DataLoader workers forked after ``import torch`` do)."""
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(list(RANK_MODULES))
+    return context
 
 
 def finish(processes, seconds: float) -> tuple[list, list]:
@@ -77,9 +98,6 @@ class Case:
     """False: the per-op point-to-point variant (``DTE_DELTA_P2P_COALESCE=0``)."""
     window: int = DEFAULT_WINDOW_BYTES
     """Bytes per window of a full sync (``GroupSender(window_bytes=)``)."""
-    timeout: float = 60
-    """Seconds a collective of the sync group waits for its peers (``new_group(timeout=)``):
-    how long a rank whose peer died can wait before it raises."""
     fault: str | None = None
     """None; "kill_rollout": the first rollout rank dies in version 3's exchange; "corrupt": a
     byte of one payload flips in flight at version 5; "corrupt_full": one flips in the
@@ -134,18 +152,10 @@ def run(rank: int, case: Case, store: str, out_dir: str, rejoin: str | None = No
         replacement: bool = False) -> None:
     """One rank's whole life; with ``rejoin`` the survivors of a dead peer form a new
     group there with a ``replacement`` process, which starts empty at version 4."""
-    group = _join(rank, case, rejoin if replacement else store)
-    roles = Roles(range(case.trainers), range(case.trainers, case.world))
-    rollout_shards = [attrs.evolve(sglang_shard(case.config, case.rollout, rank=r),
-                                   rank=case.trainers + r) for r in range(case.rollout.tp)]
     reference = canonical_masters(case.config)
+    role = _role(rank, case, reference, _join(rank, case, rejoin if replacement else store))
     reference_params = [torch.nn.Parameter(t.clone()) for t in reference.values()]
     reference_opt = torch.optim.AdamW(reference_params, lr=LR, weight_decay=WD, foreach=True)
-    if rank < case.trainers:
-        shard = megatron_shard(case.config, case.trainer, rank=rank)
-        role = _Trainer(case, shard, rollout_shards, roles, reference, group)
-    else:
-        role = _Rollout(case, rollout_shards[rank - case.trainers], roles, group)
     log = []
     for version in range(1, case.versions + 1):
         for param, grad in zip(reference_params, canonical_grads(reference, version).values()):
@@ -157,12 +167,29 @@ def run(rank: int, case: Case, store: str, out_dir: str, rejoin: str | None = No
         outcome = role.version(version, canonical)
         log.append(f"{rank} v{version} {outcome}")
         if "Error" in outcome and rejoin is not None:
+            # Drop the broken group before joining the new one: its gloo connections close
+            # only once nothing holds it, and a survivor still waiting in one of its
+            # collectives (one the dead rank had finished) learns of the failure from
+            # them closing, where it would otherwise wait out the group's timeout.
+            role.regroup(None)
             dist.destroy_process_group()
             role.regroup(_join(rank, case, rejoin))
     suffix = "-replacement" if replacement else ""
     with open(os.path.join(out_dir, f"rank{rank}{suffix}.log"), "w") as fh:
         fh.write("\n".join(log))
     _leave()
+
+
+def _role(rank: int, case: Case, reference: dict[str, torch.Tensor], group):
+    """The rank's trainer or rollout side on ``group``, the only holder of the group (the
+    rejoin in ``run`` relies on that)."""
+    roles = Roles(range(case.trainers), range(case.trainers, case.world))
+    rollout_shards = [attrs.evolve(sglang_shard(case.config, case.rollout, rank=r),
+                                   rank=case.trainers + r) for r in range(case.rollout.tp)]
+    if rank < case.trainers:
+        shard = megatron_shard(case.config, case.trainer, rank=rank)
+        return _Trainer(case, shard, rollout_shards, roles, reference, group)
+    return _Rollout(case, rollout_shards[rank - case.trainers], roles, group)
 
 
 def _leave() -> None:
@@ -177,17 +204,24 @@ REJOIN_VERSION = 4
 """The first version a replacement process takes part in."""
 
 
+SYNC_SECONDS = 60
+"""How long a collective of the sync group waits for its peers (``new_group(timeout=)``):
+a bound, not a wait any test sits out, since a dead rank's peers hear of it when its
+connections close and the survivors of one close theirs (``run``'s rejoin)."""
+
+
 RENDEZVOUS_SECONDS = 180
-"""How long ``init_process_group`` waits for every rank: spawned ranks import torch and the
-packages first, which takes up to a minute each on a loaded 2-core machine."""
+"""How long ``init_process_group`` waits for every rank: a test's first ranks start once
+the fork server has imported ``RANK_MODULES`` (a replacement rank, or a spawned one,
+imports them itself), which takes up to a minute on a loaded 2-core machine."""
 
 
 def _join(rank: int, case: Case, store: str) -> dist.ProcessGroup:
     """Join the world at ``store``; return the group the syncs run on: every rank, with the
-    case's collective timeout, shorter than the rendezvous's wait for slow starters."""
+    ``SYNC_SECONDS`` timeout, shorter than the rendezvous's wait for slow starters."""
     dist.init_process_group("gloo", init_method=store, rank=rank, world_size=case.world,
                             timeout=datetime.timedelta(seconds=RENDEZVOUS_SECONDS))
-    return dist.new_group(timeout=datetime.timedelta(seconds=case.timeout))
+    return dist.new_group(timeout=datetime.timedelta(seconds=SYNC_SECONDS))
 
 
 def _die(outgoing, **kwargs):

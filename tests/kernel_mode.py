@@ -34,7 +34,8 @@ CODEC_KERNELS = {"encode": ("encode_kernel", ("_stats", "_escape_counts", "_writ
                  "values": ("values_kernel", ("_escaped", "_resolve")),
                  "scatter": ("scatter_kernel", ("_move",)),
                  "route": ("route_kernel", ("_route", "_move")),
-                 "box": ("box_copy_kernel", ("_copy",))}
+                 "box": ("box_copy_kernel", ("_copy",)),
+                 "blocks": ("block_kernel", ("_owners",))}
 """Every Triton kernel of ``dte_codec``: per group, its module and kernel names."""
 
 

@@ -33,7 +33,7 @@ def _app(out: Path, steps: int, *extra: str) -> tuple[Path, list[dict], str]:
     completed = subprocess.run(
         [sys.executable, str(ROOT / "apps/gsm8k_separation"), "--data", str(TRAIN),
          "--out", str(out), "--steps", str(steps), "--no-progress",
-         "actor.weight_update_anchor_interval=2", "gconfig.max_new_tokens=16",
+         "actor.weight_update_anchor_interval=2", "gconfig.max_new_tokens=8",
          f"{DIAGNOSTICS}.recovery=true", *extra],
         cwd=ROOT, capture_output=True, text=True, timeout=600, check=False)
     assert 0 == completed.returncode, completed.stdout + completed.stderr

@@ -204,3 +204,33 @@ def test_a_run_with_an_index_out_of_range_raises_the_reference_error():
     bad = FlatChanges(tuple(model), [ChangeRun(run.names, run.counts, indices, run.base_low,
                                                run.base_high)], good.loose)
     _assert_same_error(model, bad, 1)
+
+
+def _split(flat: FlatChanges, at: int) -> FlatChanges:
+    """``flat``'s one run cut into two after member ``at``: the same change sets, grouped
+    otherwise."""
+    run = flat.runs[0]
+    cut = sum(run.counts[:at])
+    first = ChangeRun(run.names[:at], run.counts[:at], run.indices[:cut], run.base_low[:cut],
+                      run.base_high[:cut])
+    second = ChangeRun(run.names[at:], run.counts[at:], run.indices[cut:],
+                       run.base_low[cut:], run.base_high[cut:])
+    return FlatChanges(tuple(flat), [second, first], flat.loose)
+
+
+def test_kept_tables_follow_regrouped_runs_and_replaced_tensors():
+    """What the encoder keeps across syncs (the members' places, per tensor set; the
+    items table's numel, widths and addresses, per tensor set) follows runs grouped
+    otherwise, a tensor replaced by one of other values at another address (the old
+    one still alive: a kept address would read its values), and a tensor replaced by
+    a larger one: every sync gives the reference's bytes."""
+    model = _weights(_masters())
+    _assert_forms_agree(model, _int64_runs(model))
+    _assert_forms_agree(model, _split(_int64_runs(model), 2))
+    old = model["proj"]
+    model["proj"] = (old.float() * 3 + 1).to(torch.bfloat16)
+    _assert_forms_agree(model, _split(_int64_runs(model), 2))
+    model["embed"] = torch.randn(50, 30, generator=torch.Generator().manual_seed(7)).to(
+        DEVICE).to(torch.bfloat16)
+    _assert_forms_agree(model, _int64_runs(model))
+    assert old.data_ptr() != model["proj"].data_ptr()

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import multiprocessing
 import os
 import signal
 import time
 
-from group_worker import finish, stop
+from group_worker import finish, ranks, stop
 
 
 def _reaped(pid: int) -> bool:
@@ -23,7 +22,7 @@ def _reaped(pid: int) -> bool:
 def test_finish_kills_and_reaps_a_rank_that_hangs():
     """A rank that exits and one that hangs: the hanging one is reported, killed and
     reaped (its exit code is SIGKILL's, it is no zombie left for later tests)."""
-    context = multiprocessing.get_context("spawn")
+    context = ranks()
     done = context.Process(target=time.sleep, args=(0,))
     hanging = context.Process(target=time.sleep, args=(3600,))
     for process in (done, hanging):
@@ -37,7 +36,7 @@ def test_finish_kills_and_reaps_a_rank_that_hangs():
 def test_stop_reaps_every_started_process():
     """After an error (the test's ``finally``): a rank still running and one never
     started; the running one is killed and reaped, the other left alone."""
-    context = multiprocessing.get_context("spawn")
+    context = ranks()
     running, never = (context.Process(target=time.sleep, args=(3600,)) for _ in range(2))
     running.start()
     stop([running, never])

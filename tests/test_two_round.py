@@ -4,10 +4,8 @@ schedule."""
 
 from __future__ import annotations
 
-import multiprocessing
-
 import pytest
-from group_worker import rendezvous
+from group_worker import ranks, rendezvous
 from two_round_worker import rank_main
 
 pytestmark = [pytest.mark.distributed, pytest.mark.processes]
@@ -17,7 +15,7 @@ pytestmark = [pytest.mark.distributed, pytest.mark.processes]
 @pytest.mark.parametrize("coalesce", [True, False], ids=["coalesced", "per-op"])
 def test_every_rank_gets_exactly_what_was_sent(world, coalesce, tmp_path):
     """Each rank receives exactly the frames addressed to it (header and body bytes)."""
-    context = multiprocessing.get_context("spawn")
+    context = ranks()
     queue, store = context.Queue(), rendezvous(tmp_path)
     procs = [context.Process(target=rank_main, args=(r, world, store, world, coalesce, queue))
              for r in range(world)]

@@ -10,9 +10,17 @@ has it, as ``dte_detector.FlatChanges``.
 The Triton launches are replaced by no-ops and the kernels run on CPU tensors
 (``dispatch.interpreted()``), so what is timed is exactly the Python, numpy and torch
 host work a GPU sync waits on between kernels (table building, plan, header, digest
-tables), not the device work. Only kernel names the encoder has had since the fused path
-landed are stubbed, so the script times an older tree too (``PYTHONPATH`` pointing at
-its ``src`` folders) for before/after figures on one machine.
+tables), not the device work; also the part of it before ``_stats`` is queued (the GPU
+idles meanwhile), and from then until ``_escape_counts`` is (the statistics' kernel,
+1.9 ms on an H200 for bench_sync's delta, covers the host work before their read; the
+rest, after it, is GPU idle time). Only kernel names the encoder has had since the fused path
+landed are stubbed (and ``block_kernel``'s where the tree has it; an older tree's
+``repeat_interleave`` in its place runs as CPU torch ops), so the script times an older
+tree too (``PYTHONPATH`` pointing at its ``src`` folders) for before/after figures on
+one machine.
+
+Times are the process's CPU time (one torch thread), so other work on a shared host
+does not count.
 
     uv run python tools/bench_encode_host.py --reps 30
 """
@@ -30,13 +38,47 @@ from dte_codec import body_digest_kernel, dispatch, encode_full, encode_kernel
 from dte_codec.encode import encode_delta_batched
 from dte_detector.batch import GROUP_ELEMENTS
 from provenance import git_sha, machine
+from torch.utils._python_dispatch import TorchDispatchMode
 
 
 class _NoLaunch:
-    """Stands for a Triton kernel: ``kernel[grid](...)`` does nothing."""
+    """Stands for a Triton kernel: ``kernel[grid](...)`` does nothing but count."""
+
+    launches = 0
 
     def __getitem__(self, grid):
-        return lambda *args, **kwargs: None
+        def launch(*args, **kwargs):
+            _NoLaunch.launches += 1
+        return launch
+
+
+_NOT_KERNELS = ("empty", "empty_strided", "_to_copy", "copy_", "lift_fresh", "lift_fresh_copy",
+                "_local_scalar_dense", "is_pinned", "_pin_memory", "set_", "resize_")
+"""Aten ops that launch no kernel on a GPU (allocations, the scalar read), or copies
+(on CPU tensors a host-device copy is no op to see; those are counted from the code)."""
+
+
+class _DeviceOps(TorchDispatchMode):
+    """Counts the aten ops that would launch a kernel on a GPU: all but views and
+    ``_NOT_KERNELS``. An op that is one aten call may be several CUDA kernels (a cumsum
+    over a 1-d tensor: two; ``repeat_interleave``: three, besides its arange and gather)."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if not func.is_view and func.overloadpacket.__name__ not in _NOT_KERNELS:
+            self.ops += 1
+        return func(*args, **(kwargs or {}))
+
+
+def device_ops(fn) -> int:
+    """Aten kernel ops (``_DeviceOps``) and Triton launches of one ``fn()``."""
+    launched = _NoLaunch.launches
+    with _DeviceOps() as mode:
+        fn()
+    return mode.ops + _NoLaunch.launches - launched
 
 
 def qwen3_4b(shrink: int) -> dict[str, tuple[int, ...]]:
@@ -112,15 +154,34 @@ def as_flat(runs: list, names: list[str]):
     return FlatChanges(names, [ChangeRun(*run) for run in runs], {})
 
 
-def timed(fn, reps: int) -> tuple[float, float]:
-    """Median and least ms of ``fn()`` over ``reps`` runs after two warm-ups."""
+class _FirstLaunch(_NoLaunch):
+    """``_NoLaunch`` that notes when it is first launched after ``start``: the host time
+    before the encoder's first kernel, which the GPU spends idle."""
+
+    def __init__(self):
+        self.at = None
+
+    def __getitem__(self, grid):
+        if self.at is None:
+            self.at = time.process_time()
+        return super().__getitem__(grid)
+
+
+def timed(fn, reps: int, first: _FirstLaunch, second: _FirstLaunch
+          ) -> tuple[float, float, float, float]:
+    """Median and least ms of ``fn()`` over ``reps`` runs after two warm-ups, the median
+    ms before ``first`` was launched, and from then until ``second`` was."""
     fn(), fn()
-    samples = []
+    samples, before, between = [], [], []
     for _ in range(reps):
-        start = time.perf_counter()
+        first.at = second.at = None
+        start = time.process_time()
         fn()
-        samples.append((time.perf_counter() - start) * 1e3)
-    return statistics.median(samples), min(samples)
+        samples.append((time.process_time() - start) * 1e3)
+        before.append(((first.at or start) - start) * 1e3)
+        between.append(((second.at or start) - (first.at or start)) * 1e3)
+    return (statistics.median(samples), min(samples), statistics.median(before),
+            statistics.median(between))
 
 
 def main() -> None:
@@ -135,9 +196,15 @@ def main() -> None:
     torch.manual_seed(0)
     weights = {n: torch.randn(s).bfloat16() for n, s in qwen3_4b(a.shrink).items()}
     change = changes(weights, a.fraction)
-    for kernel in ("_stats", "_escape_counts", "_write"):
-        setattr(encode_kernel, kernel, _NoLaunch())
+    encode_kernel._write = _NoLaunch()
+    encode_kernel._stats = first = _FirstLaunch()
+    encode_kernel._escape_counts = second = _FirstLaunch()
     body_digest_kernel._digest = _NoLaunch()
+    try:  # the block -> segment table's kernel, in trees that have it
+        from dte_codec import block_kernel
+        block_kernel._owners = _NoLaunch()
+    except ImportError:
+        pass
     runs = detected(weights, a.fraction, a.shrink)
     cases = {"matrices changed": change, "all changed, views": as_views(runs),
              "all changed, flat": as_flat(runs, list(weights))}
@@ -146,14 +213,20 @@ def main() -> None:
         for label, found in cases.items():
             if found is None:
                 continue
-            delta = timed(lambda: encode_delta_batched(  # noqa: B023 (timed at once)
-                weights, found, stream_id="s", base_version=next(version), version=1 << 40),
-                a.reps)
+            def encode():
+                return encode_delta_batched(weights, found,  # noqa: B023 (called at once)
+                                            stream_id="s", base_version=next(version),
+                                            version=1 << 40)
+            delta = timed(encode, a.reps, first, second)
+            ops = device_ops(encode)
             changed = sum(1 for name in found if found[name].indices.numel())
             print(f"| encode host {a.label} | {len(weights)} tensors, {changed} changed "
-                  f"({label}) | encode_delta {delta[0]:.2f} ms (least {delta[1]:.2f}) | "
+                  f"({label}) | encode_delta {delta[0]:.2f} ms (least {delta[1]:.2f}; "
+                  f"{delta[2]:.2f} before ``_stats`` is queued, then {delta[3]:.2f} until "
+                  f"``_escape_counts`` is; {ops} device ops) | "
                   f"{machine('cpu')} | {git_sha()} | {datetime.date.today()} |")
-        full = timed(lambda: encode_full(weights, stream_id="s", version=next(version)), a.reps)
+        full = timed(lambda: encode_full(weights, stream_id="s", version=next(version)), a.reps,
+                     _FirstLaunch(), _FirstLaunch())
     print(f"| encode host {a.label} | {len(weights)} tensors | encode_full {full[0]:.2f} ms "
           f"(least {full[1]:.2f}) | {machine('cpu')} | {git_sha()} | {datetime.date.today()} |")
 

@@ -17,7 +17,10 @@ synchronisations included:
   (the model reset to the old weights and the detector cleared before each repetition,
   untimed), and the torch reference (``record`` + ``copy_``); minimal bytes 6 per element.
 
-``--modes`` picks the modes (default both). Also timed, on as many parameters as each
+``--modes`` picks the modes (default both). The batched calls are also profiled (each of
+``--reps`` calls alone, after its untimed reset): ``kernel ms`` is the median of their
+summed device time (kernels, copies, fills), the part target 1 of issue 11 measures, as
+the wall above includes the host's work and synchronisations. Also timed, on as many parameters as each
 run has tensors (the sizes do not matter, only the count): ``AdamWSteps.commit`` after a
 fused AdamW step (reads every step count from the device) and ``commit_recorded`` (reads
 none), median of ``--reps``.
@@ -92,6 +95,22 @@ def median_ms(fn, *, reps: int, warmup: int, reset=None) -> float:
         torch.cuda.synchronize()
         if i >= warmup:
             times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def device_ms(fn, *, reps: int, reset=None) -> float:
+    """Median over ``reps`` calls of ``fn`` of the device time it queued (summed over every
+    kernel, copy and fill), each call profiled alone after an untimed ``reset``."""
+    times = []
+    for _ in range(reps):
+        if reset is not None:
+            reset()
+        torch.cuda.synchronize()
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            fn()
+            torch.cuda.synchronize()
+        times.append(sum(getattr(e, "self_device_time_total", 0.0) for e in prof.key_averages()
+                         if e.device_type == torch.autograd.DeviceType.CUDA) / 1e3)
     return statistics.median(times)
 
 
@@ -214,6 +233,8 @@ def measure(label: str, tensors: list[tuple[int, bool]], args) -> dict:
             "ms": median_ms(lambda: run(states), reps=args.reps, warmup=args.warmup),
             "missed": missed(truth, found), "same": same(found, ref),
             "reported": sum(len(f) for f in found)}
+        if mode == "batched":
+            row[f"inversion {mode}"]["kernel_ms"] = device_ms(lambda: run(states), reps=args.reps)
         del found
     del ref
     reference_run = CastRun(states, old, batched=False)
@@ -231,6 +252,8 @@ def measure(label: str, tensors: list[tuple[int, bool]], args) -> dict:
             "extra": sum(len(k) for k in found) - sum(len(t) for t in truth),
             "same": same(found, ref) and all(torch.equal(a, b) for a, b in
                                              zip(cast.model_bits(), ref_bits))}
+        if mode == "batched":
+            row[f"cast {mode}"]["kernel_ms"] = device_ms(cast, reps=args.reps, reset=cast.reset)
         if args.profile and mode == "batched":
             row["profile"] = profile(states, cast)
         del cast, found
@@ -275,11 +298,16 @@ def markdown(row: dict, meta: dict) -> list[str]:
             ms = result["ms"]
             tb_s = minimal * row["numel"] / ms / 1e9
             extra = f" (+{result['extra']} extra)" if what == "cast" else ""
+            kernel = "| - | - | - "
+            if "kernel_ms" in result:
+                kernel_tb_s = minimal * row["numel"] / result["kernel_ms"] / 1e9
+                kernel = (f"| {result['kernel_ms']:.2f} | {kernel_tb_s:.2f} "
+                          f"| {kernel_tb_s / row['copy_tb_s']:.0%} ")
             lines.append(
                 f"| {meta['date']} | `{meta['sha']}` | {meta['machine']} | `{meta['command']}` "
                 f"| {row['label']} | {row['tensors']} | {what} | {mode} | {row['numel']:.3g} "
                 f"| {row['changed_pct']:.2f} | {row['copy_tb_s']:.2f} | {ms:.2f} | {tb_s:.2f} "
-                f"| {tb_s / row['copy_tb_s']:.0%} | {row[f'{what}_ref_ms']:.1f} "
+                f"| {tb_s / row['copy_tb_s']:.0%} {kernel}| {row[f'{what}_ref_ms']:.1f} "
                 f"| {row[f'{what}_ref_ms'] / ms:.1f}x | {result['missed']}{extra} "
                 f"| {'yes' if result['same'] else 'NO'} |")
     return lines
@@ -306,9 +334,9 @@ def main() -> int:
         with open(args.out, "w") as f:
             json.dump({"meta": meta, "rows": rows}, f, indent=1)
     print("| date | sha | machine | command | tensors | count | kernel | mode | numel "
-          "| changed % | copy TB/s | ms | TB/s over minimal bytes | of copy | torch ms "
-          "| speed-up | missed | == reference |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+          "| changed % | copy TB/s | ms | TB/s over minimal bytes | of copy | kernel ms "
+          "| kernel TB/s | of copy | torch ms | speed-up | missed | == reference |")
+    print("|---" * 21 + "|")
     for row in rows:
         print("\n".join(markdown(row, meta)))
     bad = any(row[f"{what} {mode}"]["missed"] or not row[f"{what} {mode}"]["same"]

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Every GPU check of the repository in one device call, repository root, results in $OUT:
-# the kernel tests against their torch references (bitwise), the end-to-end sync benchmark
-# with both detectors (the adamw run profiled), and megatron-core's own optimizer with
+# the kernel tests against their torch references (bitwise), the detection kernels against
+# the copy bandwidth, the end-to-end sync benchmark with both detectors (the adamw run
+# profiled), and megatron-core's own optimizer with
 # both detectors (megatron-core 0.16.1's cp312 wheel in .whl/, with omegaconf, antlr4,
 # hypothesis and sortedcontainers; see docs/benchmarks.md for the commands' history).
 #   OUT=/tmp/out SHA=$(git rev-parse --short HEAD) bash tools/gpu/check_all.sh
@@ -20,6 +21,8 @@ python3 -m pytest -q -p no:cacheprovider -m "gpu or not gpu" \
   packages/areal-dte/tests/test_shard_stage_routes.py packages/areal-dte/tests/test_torch_actor.py \
   packages/dte-codec/tests/test_table_skeleton.py tests/test_flat_changes.py > "$OUT/gpu_tests.log" 2>&1 || status=1
 tail -3 "$OUT/gpu_tests.log"
+python3 tools/gpu/bench_kernels.py --numel --model qwen3-4b --modes batched --reps 5 \
+  --warmup 2 --reference-reps 1 --sha "$SHA" --out "$OUT/kernels.json" 2>&1 | grep "^|" || status=1
 python3 tools/bench_sync.py --steps 10 --warmup-steps 2 --profile --sha "$SHA" \
   --out "$OUT/adamw" 2>&1 | grep "^|" || status=1
 python3 tools/gpu/check_megatron.py --syncs "${MEGATRON_SYNCS:-10}" --out "$OUT/megatron.json" \

@@ -6,10 +6,9 @@ sets are expressed in is megatron-core's: names, shapes, and index remapping int
 SGLang's layout agreeing with a dense conversion.
 """
 
-import multiprocessing
 
 import pytest
-from group_worker import finish, rendezvous
+from group_worker import finish, ranks, rendezvous
 from megatron_world import DENSE, MOE, run, run_union
 
 pytestmark = [pytest.mark.megatron, pytest.mark.distributed, pytest.mark.processes]
@@ -17,7 +16,7 @@ pytestmark = [pytest.mark.megatron, pytest.mark.distributed, pytest.mark.process
 
 def spawn(target, world: int, *args, tmp_path) -> None:
     """Run ``target(rank, world, rendezvous, *args, log_dir)`` on ``world`` gloo ranks."""
-    context = multiprocessing.get_context("spawn")
+    context = ranks()
     init = rendezvous(tmp_path)
     procs = [context.Process(target=target, args=(rank, world, init, *args, str(tmp_path)))
              for rank in range(world)]

@@ -12,8 +12,8 @@ import torch
 from dte_codec.decode import decode_batched
 from dte_codec.encode import encode_delta_batched, encode_delta_per_tensor
 from dte_codec.errors import EncodeError
-from dte_codec.fields import (Body, PinnedStage, Segments, block_segments, host_tables,
-                              staged_table)
+from dte_codec import fields
+from dte_codec.fields import Body, PinnedStage, Segments, block_segments, host_tables
 from dte_codec.indices import _bitmap, _elias_fano, _gap8, _raw, choose_indices, encode_indices
 from hypothesis import example, given
 from hypothesis import strategies as st
@@ -168,28 +168,53 @@ def test_block_segments_name_each_blocks_owner(blocks):
     assert (torch.int32, expected) == (owners.dtype, owners.tolist())
 
 
-def test_staged_tables_equal_host_tables_off_cuda():
-    """Off CUDA a staged table is ``host_table``'s: the rows, as an int64 copy."""
+def test_host_table_is_a_copy_off_cuda():
+    """Off CUDA a table is the rows as an int64 copy, not a view of the caller's array."""
     columns = np.arange(12, dtype=np.int64).reshape(3, 4)
-    table = staged_table(columns, torch.device("cpu"))
-    columns[0, 0] = 99  # a copy, not a view of the caller's array
+    table = fields.host_table(columns, torch.device("cpu"))
+    columns[0, 0] = 99
     assert (torch.int64, [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11]]) == (table.dtype,
                                                                             table.tolist())
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="pinned memory and CUDA events")
-def test_a_pinned_stage_never_overwrites_a_table_still_being_copied():
-    """Tables through a stage of 10 words, queued behind a long kernel so that no copy
-    has run when the buffer wraps: every table arrives as written (reusing the buffer
-    before its copies completed would deliver later tables' words)."""
-    stage = PinnedStage(torch.device("cuda"), words=10)
+def test_a_pinned_stage_never_overwrites_a_table_still_being_copied(monkeypatch):
+    """Tables through a thread's stage of 10 words (``host_tables``), one and two per
+    copy, queued behind a long kernel so that no copy has run when the buffer wraps:
+    every table arrives as written, on a 16-byte boundary (reusing the buffer before its
+    copies completed would deliver later tables' words); a copy larger than the stage
+    goes through memory pinned for it."""
+    device = torch.device("cuda", torch.cuda.current_device())
+    monkeypatch.setitem(fields._stages.__dict__, device.index, PinnedStage(device, words=10))
     torch.cuda._sleep(200_000_000)  # keeps the stream busy while the tables are queued
     tables = [np.full((2, 2), k, dtype=np.int64) + np.arange(4).reshape(2, 2) for k in range(9)]
-    copied = [stage.table(t) for t in tables]
-    assert [t.tolist() for t in tables] == [c.tolist() for c in copied]
+    copied = [fields.host_table(t, device) for t in tables[:5]]
+    copied += host_tables([tables[5][:1, :1], tables[6]], device)  # 1 word, padded to 2
+    copied += host_tables(tables[7:], device)
+    assert [t.tolist() for t in tables[:5]] == [c.tolist() for c in copied[:5]]
+    assert [[[tables[5][0, 0]]], *(t.tolist() for t in tables[6:])] == [
+        c.tolist() for c in copied[5:]]
+    assert all(c.data_ptr() % 16 == 0 for c in copied)
     oversized = np.arange(11, dtype=np.int64)[None]
-    assert oversized.tolist() == stage.table(oversized).tolist()
+    assert oversized.tolist() == fields.host_table(oversized, device).tolist()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="pinned memory and CUDA events")
+def test_a_pinned_stage_waits_only_for_the_copies_it_overwrites():
+    """A stage of 8 words: a copy queued before a long kernel, one behind it, then one that
+    wraps onto the first's words: it waits for the first copy only, so the host gets
+    past it while the kernel still runs (waiting for every copy would return after it)."""
+    device = torch.device("cuda", torch.cuda.current_device())
+    stage = PinnedStage(device, words=8)
+    tables = [np.full(4, k, dtype=np.int64) for k in range(3)]
+    first = stage.copy([tables[0]], [0], 4)
+    torch.cuda._sleep(500_000_000)
+    behind = stage.copy([tables[1]], [0], 4)
+    wrapped = stage.copy([tables[2]], [0], 4)
+    assert not torch.cuda.current_stream(device).query()  # the kernel still runs
+    assert [t.tolist() for t in tables] == [c.tolist() for c in (first, behind, wrapped)]
 
 
 @given(st.lists(st.tuples(st.integers(1, 4), st.integers(0, 5)), min_size=1, max_size=5))

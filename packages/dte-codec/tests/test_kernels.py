@@ -595,3 +595,41 @@ def test_kernel_decoder_checks_escape_positions_as_the_reference(positions):
             outcomes.append(f"{type(exc).__name__}: {exc}")
     assert outcomes[0] == outcomes[1]
     assert (positions == (0, 1)) == isinstance(outcomes[0], list)
+
+
+def _owners_reference(blocks: torch.Tensor, total: int) -> torch.Tensor:
+    owners = torch.arange(blocks.numel(), dtype=torch.int32, device=blocks.device)
+    return torch.repeat_interleave(owners, blocks, output_size=total)
+
+
+@EXAMPLES
+@given(st.lists(st.integers(0, 9), max_size=12), st.sampled_from([2, 4, 1024]))
+@example([0, 3, 0, 0, 5, 1, 0], 2)
+def test_kernel_block_segments_equal_repeat_interleave(blocks, tile):
+    """The block -> segment table of one launch (``block_kernel``) equals
+    ``repeat_interleave``'s (the CPU path) element for element, with empty segments, and
+    with tiles smaller than the segment count and than a segment's run of blocks (the
+    prefix and the run each take several steps)."""
+    from dte_codec.block_kernel import block_owners
+    from dte_codec.fields import block_segments
+    counts = torch.tensor(blocks, dtype=torch.int64, device=DEVICE)
+    expected = _owners_reference(counts, sum(blocks))
+    with kernels():
+        found = block_owners(counts, sum(blocks), tile=tile)
+        through = block_segments(counts, sum(blocks))
+    assert torch.int32 == found.dtype == through.dtype
+    assert torch.equal(expected, found) and torch.equal(expected, through)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA, reason="a model's table on a CUDA device")
+def test_kernel_block_segments_of_thousands_of_segments():
+    """Thousands of segments (several prefix tiles), runs of thousands of blocks, read
+    from an odd row of a table (an address off 16 bytes): the reference's table."""
+    gen = torch.Generator().manual_seed(3)
+    table = torch.randint(0, 3000, (3, 4099), generator=gen).cuda()
+    table[1, ::7] = 0
+    blocks = table.view(-1)[1:4100]
+    total = int(blocks.sum())
+    from dte_codec.fields import block_segments
+    assert torch.equal(_owners_reference(blocks, total), block_segments(blocks, total))

@@ -102,7 +102,7 @@ def test_warm_up_sync_launches_every_variant(warmed):
                 ("values._escaped",), ("values._resolve",), ("scatter._move", True),
                 ("scatter._move", False), ("route._route", True), ("route._move", True),
                 ("route._move", False), ("box._copy", 2, False), ("box._copy", 2, True),
-                ("box._copy", 8, True)}
+                ("box._copy", 8, True), ("blocks._owners",)}
     assert expected == warmed.seen
 
 

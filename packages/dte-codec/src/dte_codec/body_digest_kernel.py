@@ -19,7 +19,7 @@ import triton
 import triton.language as tl
 
 from .body_digest import KEY_PERIOD_BITS, MIX_MULTIPLIERS, MIX_OFFSET, MIX_SHIFTS, Run
-from .fields import host_table
+from .fields import block_segments, host_table
 
 TILE = 2048
 """Words per vector step of a program."""
@@ -75,9 +75,7 @@ class RunTable:
         self.table = host_table([[r.words.data_ptr() for r in runs], [r.first_word for r in runs],
                                  [r.words.numel() for r in runs], firsts, programs],
                                 self.device).reshape(-1)
-        self.run_of = torch.repeat_interleave(
-            torch.arange(len(runs), device=self.device, dtype=torch.int32),
-            self.table[4 * len(runs):], output_size=self.programs)
+        self.run_of = block_segments(self.table[4 * len(runs):], self.programs)
 
     def digest(self) -> torch.Tensor:
         """A 0-d int64 tensor: the digest of the runs' bytes now."""

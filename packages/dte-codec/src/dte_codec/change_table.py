@@ -63,14 +63,24 @@ class Members:
         if any(len(run.counts) != len(run.names) or len(run.starts) != len(run.names)
                for run in runs):
             return None
-        names = [name for run in runs for name in run.names]
-        sizes = [len(run.names) for run in runs]
+        at, run = _placed(known, tuple(run.names for run in runs))
 
         def column(field: str) -> np.ndarray:
             return np.fromiter(itertools.chain.from_iterable(getattr(run, field) for run in runs),
-                               np.int64, len(names))
-        return cls(runs, known.rows(names), column("counts"), column("starts"),
-                   np.repeat(np.arange(len(runs)), sizes))
+                               np.int64, len(at))
+        return cls(runs, at, column("counts"), column("starts"), run)
+
+
+def _placed(known: TensorSet, names: tuple[tuple[str, ...], ...]) -> tuple[np.ndarray, np.ndarray]:
+    """The ``at`` and ``run`` columns of runs of members ``names``: a detector groups the
+    same tensors the same way sync after sync, so the last grouping's columns are kept
+    on the tensor set (which a replaced tensor rebuilds), and a sync compares the names."""
+    kept = known.caches.get(Members)
+    if kept is None or kept[0] != names:
+        flat = [name for run in names for name in run]
+        kept = known.caches[Members] = (names, known.rows(flat),
+                                        np.repeat(np.arange(len(names)), [len(n) for n in names]))
+    return kept[1], kept[2]
 
 
 def change_counts(known: TensorSet, members: Members, loose: Mapping[str, ChangeSet]
@@ -88,12 +98,12 @@ class ChangeTable:
     """Per tensor of a set (a column entry per row; zero where it has no change), the
     addresses of its change set's indices, index itemsize and bounds."""
 
-    index_at: np.ndarray
-    index_size: np.ndarray
-    low_at: np.ndarray
-    high_at: np.ndarray
+    columns: np.ndarray
+    """Rows ``COLUMNS``, a column per tensor."""
     keep: tuple
     """The tensors the addresses point into: kept alive until the kernels are queued."""
+
+    COLUMNS = ("index_at", "index_size", "low_at", "high_at")
 
     @classmethod
     def of(cls, known: TensorSet, members: Members, loose: Mapping[str, ChangeSet],
@@ -102,7 +112,7 @@ class ChangeTable:
         None when one does not fit its tensor (wrong dtype, length or device, checked
         here without reading a device value); the caller then takes the reference path,
         which raises the error."""
-        columns = np.zeros((4, len(known.names)), np.int64)
+        columns = np.zeros((len(cls.COLUMNS), len(known.names)), np.int64)
         runs = members.runs
         if runs:
             if not all(_run_fits(run, device) for run in runs):
@@ -133,7 +143,7 @@ class ChangeTable:
                 keep.append((indices, low, high))
         if at:
             columns[:, at] = np.array(found, np.int64).reshape(-1, 4).T
-        return cls(*columns, tuple(keep))
+        return cls(columns, tuple(keep))
 
 
 def _run_fits(run: ChangeRun, device: torch.device) -> bool:

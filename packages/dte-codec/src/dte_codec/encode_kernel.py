@@ -35,14 +35,14 @@ import triton
 import triton.language as tl
 
 from .dispatch import on_device
-from .fields import block_segments, staged_table
+from .fields import block_segments, host_table
 from .header import IndexEncoding, ValueEncoding
 from .kernel_bits import (bit_length, column, load_uniform, order_key, owned_block, packs,
                           put_fields, put_packed, width_mask)
 
 if TYPE_CHECKING:
     from .change_table import ChangeTable
-    from .encode_plan import Layout
+    from .encode_plan import Choice, Layout
     from .tensor_set import TensorSet
 
 BLOCK = 1024
@@ -56,20 +56,31 @@ _WIDE_BIT = tl.constexpr(64)
 """A code byte: the residue width an element needs (< 64), plus this bit for a wide gap."""
 _MAX_GAP_BYTE = tl.constexpr(255)
 _INT64 = torch.int64
+_PATTERN = {2: torch.int16, 4: torch.int32, 8: _INT64}
+"""The per-element scratch dtype for value patterns of up to 2, 4 or 8 bytes."""
 
-# columns of the items table (one row per column, one entry per tensor)
+
+def _pattern_bytes(bits: np.ndarray) -> int:
+    """The scratch bytes per value pattern for tensors of ``bits`` bits (2 at least)."""
+    widest = int(bits.max()) if bits.size else 0
+    return next(size for size in (2, 4, 8) if widest <= 8 * size)
+
+# columns of the items table (one row per column, one entry per tensor): the sync's
+# counts and blocks, then where its change sets lie (change_table.ChangeTable.COLUMNS),
+# then what only the tensor set decides (FusedFlat._static)
 _COUNT = tl.constexpr(0)
 _FIRST_BLOCK = tl.constexpr(1)
 _BLOCKS = 2
-_NUMEL = tl.constexpr(3)
-_BITS = tl.constexpr(4)
-_RESIDUE = tl.constexpr(5)
-_INDEX_AT = tl.constexpr(6)
-_INDEX_SIZE = tl.constexpr(7)
-_VALUE_AT = tl.constexpr(8)
-_SIZE = tl.constexpr(9)
-_LOW_AT = tl.constexpr(10)
-_HIGH_AT = tl.constexpr(11)
+_INDEX_AT = tl.constexpr(3)
+_INDEX_SIZE = tl.constexpr(4)
+_LOW_AT = tl.constexpr(5)
+_HIGH_AT = tl.constexpr(6)
+_NUMEL = tl.constexpr(7)
+_BITS = tl.constexpr(8)
+_RESIDUE = tl.constexpr(9)
+_VALUE_AT = tl.constexpr(10)
+_SIZE = tl.constexpr(11)
+_ITEM_COLUMNS = 12
 # columns of the layout table: flat_encode.Layout.COLUMNS
 _ENC = tl.constexpr(0)
 _FIRST = tl.constexpr(1)
@@ -84,6 +95,10 @@ _FIELDS = tl.constexpr(9)
 _POSITIONS = tl.constexpr(10)
 _POSITION_BITS = tl.constexpr(11)
 _RAW = tl.constexpr(12)
+# columns of the choice table: encode_plan.Choice.COLUMNS
+_C_ENC = tl.constexpr(0)
+_C_VENC = tl.constexpr(1)
+_C_VWIDTH = tl.constexpr(2)
 _E_GAP8 = tl.constexpr(IndexEncoding.GAP8.value)
 _E_BITMAP = tl.constexpr(IndexEncoding.BITMAP.value)
 _E_ELIAS_FANO = tl.constexpr(IndexEncoding.ELIAS_FANO.value)
@@ -116,8 +131,15 @@ def _pattern(items, segments, seg, idx, valid):
                     column(items, _SIZE, segments, seg), valid) & mask
 
 
-@triton.jit(do_not_specialize=["segments"])
-def _stats(items, block_seg, segments, codes, out, BLOCK: tl.constexpr, BINS: tl.constexpr):
+@triton.jit
+def _block_at(block, BLOCK: tl.constexpr):
+    """Offsets of a block's elements in the per-element scratch (codes, patterns)."""
+    return block.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+
+
+@triton.jit(do_not_specialize=["segments", "kept"])
+def _stats(items, block_seg, segments, codes, patterns, out, kept, BLOCK: tl.constexpr,
+           BINS: tl.constexpr):
     block, seg, rank, valid, _ = _block(items, block_seg, segments, BLOCK)
     idx = _index(items, segments, seg, rank, valid)
     prev = tl.where(rank > 0, _index(items, segments, seg, rank - 1, valid & (rank > 0)), -1)
@@ -139,57 +161,64 @@ def _stats(items, block_seg, segments, codes, out, BLOCK: tl.constexpr, BINS: tl
     wide = valid & (gap > _MAX_GAP_BYTE)
     bad = valid & ((idx < 0) | (idx >= numel) | (gap <= 0))
     code = need | tl.where(wide, _WIDE_BIT, 0)
-    tl.store(codes + block.to(tl.int64) * BLOCK + tl.arange(0, BLOCK), code.to(tl.uint8))
-    row = out + seg * (2 + BINS)
+    tl.store(codes + _block_at(block, BLOCK), code.to(tl.uint8))
+    # kept for _write: the weights read again at the indices would touch ~40 % of their
+    # sectors a second time at a few percent changed (32-byte sectors, 2-byte values)
+    tl.store(patterns + _block_at(block, BLOCK), pattern.to(patterns.dtype.element_ty))
+    row = out + seg * (2 + kept)  # kept: the bins the host reads, < BINS - 1 (missing elements)
     wides = tl.sum(wide.to(tl.int64))
     bads = tl.sum(bad.to(tl.int64))
     tl.atomic_add(row, wides, mask=wides > 0, sem="relaxed")
     tl.atomic_add(row + 1, bads, mask=bads > 0, sem="relaxed")
     bins = tl.arange(0, BINS)
     hist = tl.histogram(tl.where(valid, need, BINS - 1).to(tl.int32), BINS)
-    tl.atomic_add(row + 2 + bins, hist.to(tl.int64), mask=(hist > 0) & (bins < BINS - 1),
-                  sem="relaxed")
+    tl.atomic_add(row + 2 + bins, hist.to(tl.int64),
+                  mask=(hist > 0) & (bins < kept), sem="relaxed")
 
 
 @triton.jit
-def _escaped(layout, segments, seg, code, valid):
-    """Per element, whether its gap (GAP8) and its value (RESIDUE) go to escape lists."""
-    gap = tl.where(column(layout, _ENC, segments, seg) == _E_GAP8,
-                   valid & ((code & _WIDE_BIT) != 0), False)
-    value = tl.where(column(layout, _VENC, segments, seg) == _V_RESIDUE,
-                     valid & ((code & _NEED_MASK) > column(layout, _VWIDTH, segments, seg)),
-                     False)
+def _escaped(enc, venc, vwidth, code, valid):
+    """Per element, whether its gap (GAP8) and its value (RESIDUE) go to escape lists,
+    from its entry's encodings and residue width."""
+    gap = tl.where(enc == _E_GAP8, valid & ((code & _WIDE_BIT) != 0), False)
+    value = tl.where(venc == _V_RESIDUE, valid & ((code & _NEED_MASK) > vwidth), False)
     return gap, value
 
 
 @triton.jit
 def _codes(codes, block, BLOCK: tl.constexpr):
-    return tl.load(codes + block.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)).to(tl.int64)
+    return tl.load(codes + _block_at(block, BLOCK)).to(tl.int64)
 
 
 @triton.jit(do_not_specialize=["segments", "blocks"])
-def _escape_counts(items, layout, block_seg, segments, codes, counts, blocks,
+def _escape_counts(items, choice, block_seg, segments, codes, counts, blocks,
                    BLOCK: tl.constexpr):
     block, seg, _, valid, _ = _block(items, block_seg, segments, BLOCK)
-    gap, value = _escaped(layout, segments, seg, _codes(codes, block, BLOCK), valid)
+    gap, value = _escaped(column(choice, _C_ENC, segments, seg),
+                          column(choice, _C_VENC, segments, seg),
+                          column(choice, _C_VWIDTH, segments, seg),
+                          _codes(codes, block, BLOCK), valid)
     tl.store(counts + block, tl.sum(gap.to(tl.int64)))
     tl.store(counts + blocks + block, tl.sum(value.to(tl.int64)))
 
 
 @triton.jit
-def _before(before, block, first, flags):
-    """Per element, the flags set before it in its tensor: the prefix over blocks at this
-    block minus the one at the tensor's first block, plus those ahead of it here."""
+def _before(inclusive, counts, block, first, flags):
+    """Per element, the flags set before it in its tensor: the exclusive prefix over
+    blocks (inclusive minus the block's own count) at this block minus the one at the
+    tensor's first block, plus those ahead of it here. The prefix may start anywhere
+    before the tensor's first block: a constant offset cancels."""
     flags = flags.to(tl.int32)  # a block's count fits: half the scan's shuffles and shared memory
     ahead = (tl.cumsum(flags, 0) - flags).to(tl.int64)
-    return tl.load(before + block) - tl.load(before + first) + ahead
+    return (tl.load(inclusive + block) - tl.load(counts + block)
+            - tl.load(inclusive + first) + tl.load(counts + first) + ahead)
 
 
 @triton.jit
 def _write_indices(items, layout, segments, seg, words, rank, valid, has_next, idx, code,
-                   before, block, first_block, any_escaped, BLOCK: tl.constexpr):
+                   inclusive, counts, block, first_block, any_escaped, BLOCK: tl.constexpr):
     """The index sections: raw index, gap byte, low bits or bitmap bit; then escaped gaps
-    (ranked from ``before``, the GAP8 escapes before each block, only in blocks that have
+    (ranked from ``inclusive``, the prefix of the GAP8 escapes of each block, only in blocks that have
     some: the ranks take a scan across the block's warps) or the Elias-Fano upper bits."""
     enc = column(layout, _ENC, segments, seg)
     nxt = _index(items, segments, seg, rank + 1, has_next)
@@ -216,17 +245,16 @@ def _write_indices(items, layout, segments, seg, words, rank, valid, has_next, i
     if any_escaped:  # then the entry is GAP8
         bits = column(layout, _ESCAPE_BITS, segments, seg)
         escaped = valid & wide
-        gaps = _before(before, block, first_block, escaped)
+        gaps = _before(inclusive, counts, block, first_block, escaped)
         put_fields(words, second + gaps * bits, gap, tl.where(escaped, bits, 0), valid,
                    second + (gaps + escaped.to(tl.int64)) * bits, has_next)
 
 
 @triton.jit
-def _write_values(items, layout, segments, seg, words, rank, valid, has_next, idx, escaped,
+def _write_values(items, layout, segments, seg, words, rank, valid, has_next, pattern, escaped,
                   values, any_escaped, BLOCK: tl.constexpr):
     """Residue fields of the values not escaped, escape positions and raw values (every
     value of a RAW entry, the escaped ones of a RESIDUE entry)."""
-    pattern = _pattern(items, segments, seg, idx, valid)
     bits = column(items, _BITS, segments, seg)
     raw = column(layout, _RAW, segments, seg)
     if column(layout, _VENC, segments, seg) == _V_RESIDUE:
@@ -249,21 +277,26 @@ def _write_values(items, layout, segments, seg, words, rank, valid, has_next, id
 
 
 @triton.jit(do_not_specialize=["segments", "blocks"])
-def _write(items, layout, block_seg, segments, codes, counts, before, blocks, words,
+def _write(items, layout, block_seg, segments, codes, patterns, counts, inclusive, blocks,
+           words,
            BLOCK: tl.constexpr):
     block, seg, rank, valid, count = _block(items, block_seg, segments, BLOCK)
     if column(layout, _ENC, segments, seg) >= 0:  # dense entries are copied in afterwards
         # the next element, in this block, tells each element whether its word's run ends
         has_next = (tl.arange(0, BLOCK) < BLOCK - 1) & (rank + 1 < count)
         code = _codes(codes, block, BLOCK)
-        _, value = _escaped(layout, segments, seg, code, valid)
+        _, value = _escaped(column(layout, _ENC, segments, seg),
+                            column(layout, _VENC, segments, seg),
+                            column(layout, _VWIDTH, segments, seg), code, valid)
         first = column(items, _FIRST_BLOCK, segments, seg)
-        values = _before(before + blocks, block, first, value)
+        values = _before(inclusive + blocks, counts + blocks, block, first, value)
         idx = _index(items, segments, seg, rank, valid)
         _write_indices(items, layout, segments, seg, words, rank, valid, has_next, idx, code,
-                       before, block, first, tl.load(counts + block) > 0, BLOCK)
-        _write_values(items, layout, segments, seg, words, rank, valid, has_next, idx, value,
-                      values, tl.load(counts + blocks + block) > 0, BLOCK)
+                       inclusive, counts, block, first, tl.load(counts + block) > 0, BLOCK)
+        pattern = (tl.load(patterns + _block_at(block, BLOCK)).to(tl.int64)
+                   & width_mask(column(items, _BITS, segments, seg)))
+        _write_values(items, layout, segments, seg, words, rank, valid, has_next, pattern,
+                      value, values, tl.load(counts + blocks + block) > 0, BLOCK)
 
 
 class FusedFlat:
@@ -279,47 +312,81 @@ class FusedFlat:
     def __init__(self, known: TensorSet, rows: np.ndarray, counts: np.ndarray,
                  changes: ChangeTable, weights: Sequence[torch.Tensor], device: torch.device):
         self.segments, self.device = len(rows), device
-        pointers = known.pointer[rows]
-        copies = [] if known.contiguous else [w.contiguous() for w in weights]
-        if copies:  # a tensor that is not contiguous is read from a contiguous copy
-            pointers = np.array([c.data_ptr() for c in copies], np.int64)
-        # kept alive until the kernels that read them through their addresses are queued
-        self._keep = (changes.keep, copies)
+        every = len(rows) == len(known.names)  # rows are sorted: every tensor, in order
         blocks = -(-counts // BLOCK)
         self.blocks = int(blocks.sum())
-        table = known.table
-        columns = np.stack([counts, np.cumsum(blocks) - blocks, blocks, table.numel[rows],
-                            known.bits[rows], table.residue[rows], changes.index_at[rows],
-                            changes.index_size[rows], pointers, table.itemsize[rows],
-                            changes.low_at[rows], changes.high_at[rows]]).astype(np.int64)
-        self.items = staged_table(columns, device)
+        columns = np.empty((_ITEM_COLUMNS, len(rows)), np.int64)
+        columns[_COUNT], columns[_BLOCKS] = counts, blocks
+        np.cumsum(blocks, out=columns[_FIRST_BLOCK])
+        columns[_FIRST_BLOCK] -= blocks
+        columns[_INDEX_AT:_NUMEL] = changes.columns if every else changes.columns[:, rows]
+        static = _static(known)
+        columns[_NUMEL:] = static if every else static[:, rows]
+        copies = [] if known.contiguous else [w.contiguous() for w in weights]
+        if copies:  # a tensor that is not contiguous is read from a contiguous copy
+            columns[_VALUE_AT] = [c.data_ptr() for c in copies]
+        # kept alive until the kernels that read them through their addresses are queued
+        self._keep = (changes.keep, copies)
+        self.items = host_table(columns, device)
         self.block_seg = block_segments(self.items[_BLOCKS], self.blocks)
         self.codes = torch.empty(self.blocks * BLOCK, dtype=torch.uint8, device=device)
+        self.patterns = torch.empty(self.blocks * BLOCK, device=device,
+                                    dtype=_PATTERN[_pattern_bytes(known.bits[rows])])
 
     def stats(self, bins: int) -> torch.Tensor:
         """On the device, per tensor (rows): gaps over a byte, invalid indices, and the
         histogram of the residue widths ``0..bins-1`` that values need (columns;
         ``TorchFlat.stats``)."""
-        out = torch.zeros(self.segments, 2 + HIST_BINS, dtype=_INT64, device=self.device)
+        assert bins < HIST_BINS, "a residue needs at most 33 bits"
+        # only the bins read: the host reads the table as it is, with no copy to slice it
+        out = torch.zeros(self.segments, 2 + bins, dtype=_INT64, device=self.device)
         if self.blocks:
             with on_device(self.device):
                 _stats[(self.blocks,)](self.items, self.block_seg, self.segments, self.codes,
-                                       out, BLOCK=BLOCK, BINS=HIST_BINS, num_warps=WARPS)
-        return out[:, :2 + bins]  # one copy when read, no concatenation
+                                       self.patterns, out, bins, BLOCK=BLOCK, BINS=HIST_BINS,
+                                       num_warps=WARPS)
+        return out
+
+    def count_escapes(self, choice: Choice) -> None:
+        """Queue the escape counts per block and their prefix sum, which need only the
+        encodings (``choice``, before the dense fallback: a dense entry's counts cancel
+        out and are never read), so that the device counts while the host lays out."""
+        if self.blocks:
+            counts = torch.empty(2, self.blocks, dtype=_INT64, device=self.device)
+            with on_device(self.device):
+                _escape_counts[(self.blocks,)](self.items, host_table(choice.columns(),
+                                                                      self.device),
+                                               self.block_seg, self.segments, self.codes,
+                                               counts, self.blocks, BLOCK=BLOCK,
+                                               num_warps=WARPS)
+            # one flat prefix sum over both rows (a device-wide scan; a scan per row runs
+            # as one slow block each): the second row's offset cancels in _before
+            self._escapes = counts, torch.cumsum(counts.view(-1), 0)
 
     def write(self, layout: Layout) -> torch.Tensor:
-        """The body laid out by ``layout`` as uint8 on the device, dense entries left zero."""
+        """The body laid out by ``layout`` as uint8 on the device, dense entries left zero
+        (after ``count_escapes`` of the encodings ``layout`` lays out)."""
         words = layout.size // 8
         # one spare word: an element past its stream's last field adds zero just past it
         body = torch.zeros(words + 1, dtype=_INT64, device=self.device)
         if self.blocks:
-            counts = torch.empty(2, self.blocks, dtype=_INT64, device=self.device)
-            args = (self.items, layout.table, self.block_seg, self.segments, self.codes)
             with on_device(self.device):
-                _escape_counts[(self.blocks,)](*args, counts, self.blocks, BLOCK=BLOCK,
-                                               num_warps=WARPS)
-                before = torch.cumsum(counts, 1) - counts
-                _write[(self.blocks,)](*args, counts, before, self.blocks, body, BLOCK=BLOCK,
-                                       num_warps=WARPS)
+                _write[(self.blocks,)](self.items, layout.table, self.block_seg,
+                                       self.segments, self.codes, self.patterns,
+                                       *self._escapes,
+                                       self.blocks, body, BLOCK=BLOCK, num_warps=WARPS)
         return body[:words].view(torch.uint8)
 
+
+
+def _static(known: TensorSet) -> np.ndarray:
+    """The items table's rows that only the tensor set decides (numel, bits, residue flag,
+    address, itemsize) for every tensor of the set: built once per set and kept on it,
+    which a replaced, resized or re-typed tensor rebuilds (``tensor_set``)."""
+    static = known.caches.get(FusedFlat)
+    if static is None:
+        table = known.table
+        static = known.caches[FusedFlat] = np.stack([
+            table.numel, known.bits, table.residue, known.pointer, table.itemsize]
+        ).astype(np.int64)
+    return static

@@ -22,7 +22,7 @@ import torch
 
 from .bits import BYTE_BITS
 from .entry_pack import FIELDS
-from .fields import staged_table
+from .fields import host_table
 from .header import (ALIGNMENT, INDEX32_LIMIT, RESIDUE_DTYPES, Entry, IndexEncoding,
                      ValueEncoding, index_itemsizes)
 
@@ -86,20 +86,40 @@ class IndexSizes:
     gap_limit: np.ndarray
     """GAP8 wins when its size is below this: it must beat raw strictly (raw comes
     first), and tie Elias-Fano and bitmap (it comes before them)."""
+    upper_bytes: np.ndarray
+    """Bytes of the Elias-Fano upper bits (its second section)."""
+    by_encoding: np.ndarray
+    """``(BY_ENCODING, encodings, tensors)``: per encoding value, the first section's
+    bytes, the layout's ``width`` and ``stride`` of its fields and whether it has a
+    second section (the plan reads a sparse entry's with one gather); DENSE's unused."""
+
+    BY_ENCODING = ("first_bytes", "width", "stride", "two_sections")
 
     @classmethod
     def of(cls, count: np.ndarray, numel: np.ndarray) -> IndexSizes:
         size = index_itemsizes(numel)
         raw = count * size
         low = np.maximum(_bit_length(numel // np.maximum(count, 1)) - 1, 0)
-        upper_bits = count + ((numel - 1) >> low) + 1
-        ef = _ceil8(count * low) + _ceil8(upper_bits)
-        bitmap = np.where(numel <= BYTE_BITS * raw, _ceil8(numel), _NONE)
+        upper_bytes = _ceil8(count + ((numel - 1) >> low) + 1)
+        low_bytes, map_bytes = _ceil8(count * low), _ceil8(numel)
+        ef = low_bytes + upper_bytes
+        bitmap = np.where(numel <= BYTE_BITS * raw, map_bytes, _NONE)
         other = np.minimum(ef, bitmap)
         raw_wins = raw <= other
         encoding = np.where(raw_wins, np.where(numel < INDEX32_LIMIT, _INT32, _INT64),
                             np.where(ef <= bitmap, _ELIAS_FANO, _BITMAP))
-        return cls(count, size, low, encoding, np.where(raw_wins, raw, other + 1))
+        raw_bits = size * BYTE_BITS
+        by_encoding = np.zeros((len(cls.BY_ENCODING), len(_INDEX_ENCODINGS), len(count)),
+                               np.int64)
+        first, width, stride, two_sections = by_encoding
+        first[[_INT32, _INT64]], width[[_INT32, _INT64]] = raw, raw_bits
+        stride[[_INT32, _INT64]] = raw_bits
+        first[_BITMAP], width[_BITMAP] = map_bytes, 1  # a bit at each index: stride 0
+        first[_GAP8], width[_GAP8], stride[_GAP8] = count, BYTE_BITS, BYTE_BITS
+        first[_ELIAS_FANO], width[_ELIAS_FANO], stride[_ELIAS_FANO] = low_bytes, low, low
+        two_sections[[_GAP8, _ELIAS_FANO]] = 1
+        return cls(count, size, low, encoding, np.where(raw_wins, raw, other + 1), upper_bytes,
+                   by_encoding)
 
     def choose(self, gap_escapes: np.ndarray) -> IndexChoice:
         """The smallest encodings, given each tensor's gaps over a byte."""
@@ -107,7 +127,6 @@ class IndexSizes:
         encoding = np.where(gap, _GAP8, self.encoding)
         return IndexChoice(encoding, np.where(encoding == _ELIAS_FANO, self.low, 0),
                            np.where(gap, gap_escapes, 0))
-
 
 def choose_index_encodings(count: np.ndarray, numel: np.ndarray, *,
                            gap_escapes: np.ndarray) -> IndexChoice:
@@ -127,19 +146,27 @@ class ValueSizes:
     raw: np.ndarray
     width: np.ndarray
     """The residue widths tried, ``1..bins-1`` (a row)."""
+    position_size: np.ndarray
+    """Bytes of an escape's position (the count's index itemsize)."""
     escape: np.ndarray
     """Bytes of one escape (position and raw value), a column."""
     escaped_all: np.ndarray
     """Bytes of every value escaped, a column."""
-    allowed: np.ndarray
+    barred: np.ndarray | None
+    """The widths not narrower than the dtype (rows: tensors); None when there are none."""
+    rows: np.ndarray
+    """``0..tensors-1``."""
 
     @classmethod
     def of(cls, count: np.ndarray, itemsize: np.ndarray, residue: np.ndarray,
            bins: int) -> ValueSizes:
         width = np.arange(1, max(bins, 1), dtype=np.int64)
-        escape = (index_itemsizes(count) + itemsize)[:, None]
-        return cls(count, residue, count * itemsize, width, escape, count[:, None] * escape,
-                   width < itemsize[:, None] * BYTE_BITS)
+        position_size = index_itemsizes(count)
+        escape = (position_size + itemsize)[:, None]
+        barred = width >= itemsize[:, None] * BYTE_BITS
+        return cls(count, residue, count * itemsize, width, position_size, escape,
+                   count[:, None] * escape, barred if barred.any() else None,
+                   np.arange(len(count)))
 
     def choose(self, hist: np.ndarray) -> ValueChoice:
         """RESIDUE at the width that makes the values smallest (the narrowest on a tie),
@@ -151,11 +178,11 @@ class ValueSizes:
             return ValueChoice(np.full_like(count, _RAW), zero, zero)
         covered = np.cumsum(hist[:, 1:], axis=1)
         sizes = _ceil8(covered * self.width) + (self.escaped_all - covered * self.escape)
-        sizes[~self.allowed] = _NONE
+        if self.barred is not None:
+            sizes[self.barred] = _NONE
         at = sizes.argmin(1)
-        rows = np.arange(len(at))
-        chosen = self.residue & (sizes[rows, at] < self.raw)
-        escapes = count - hist[:, 0] - covered[rows, at]
+        chosen = self.residue & (sizes[self.rows, at] < self.raw)
+        escapes = count - hist[:, 0] - covered[self.rows, at]
         return ValueChoice(np.where(chosen, _RESIDUE, _RAW), np.where(chosen, at + 1, 0),
                            np.where(chosen, escapes, 0))
 
@@ -273,6 +300,20 @@ class Plan:
 
 
 @attrs.frozen
+class Choice:
+    """Per tensor, its smallest sparse encodings (the dense fallback not yet applied)."""
+
+    index: IndexChoice
+    value: ValueChoice
+
+    COLUMNS = ("index_encoding", "value_encoding", "value_width")
+
+    def columns(self) -> np.ndarray:
+        """``COLUMNS`` as rows: what ranking escapes needs (``encode_kernel``)."""
+        return np.stack([self.index.encoding, self.value.encoding, self.value.width])
+
+
+@attrs.frozen
 class Counted:
     """What the plan of one payload needs from its tensors and their change counts alone,
     computed while the device gathers the statistics (``prepare``)."""
@@ -282,12 +323,18 @@ class Counted:
     index: IndexSizes
     value: ValueSizes
 
-    def plan(self, *, gap_escapes: np.ndarray, hist: np.ndarray, device: torch.device) -> Plan:
-        """The plan from the statistics: gaps over a byte and residue-width histograms
-        (rows, ``bins`` columns)."""
+    def choose(self, *, gap_escapes: np.ndarray, hist: np.ndarray) -> Choice:
+        """The smallest sparse encodings from the statistics: gaps over a byte and
+        residue-width histograms (rows, ``bins`` columns)."""
+        return Choice(self.index.choose(gap_escapes), self.value.choose(hist))
+
+    def plan(self, choice: Choice, *, device: torch.device) -> Plan:
+        """The plan of the encodings ``choice`` (``choose``): the dense fallback, the
+        entries and the layout."""
         table, count = self.table, self.count
-        index, value = self.index.choose(gap_escapes), self.value.choose(hist)
-        sizes = _section_sizes(count, table, index, value)
+        index, value = choice.index, choice.value
+        by_encoding = self.index.by_encoding[:, index.encoding, self.value.rows]
+        sizes = self._section_sizes(index, value, by_encoding[0])
         dense_bytes = table.numel * table.itemsize
         dense = sizes.sum(1) >= dense_bytes
         if dense.any():  # usually none: a delta is sent because it is sparse
@@ -301,11 +348,47 @@ class Counted:
         aligned = (sizes + (ALIGNMENT - 1)) & -ALIGNMENT  # ALIGNMENT: a power of two
         ends = np.cumsum(aligned.reshape(-1)).reshape(aligned.shape)
         starts = (ends - aligned) * BYTE_BITS
-        columns = _columns(count, table, index, value, starts, dense)
-        layout = Layout(staged_table(columns, device),
+        columns = self._columns(index, value, by_encoding, starts, dense)
+        layout = Layout(host_table(columns, device),
                         np.where(dense, starts[:, 0] // BYTE_BITS, -1),
                         int(ends[-1, -1]) if len(ends) else 0)
         return Plan(table, count, index, value, layout)
+
+    def _section_sizes(self, index: IndexChoice, value: ValueChoice,
+                       first: np.ndarray) -> np.ndarray:
+        """``Entry.section_sizes`` of every sparse entry, in ``_SECTIONS`` slots (bytes);
+        ``first``: the index encodings' first sections."""
+        count, escapes = self.count, value.escapes
+        sizes = np.empty((len(count), _SECTIONS), np.int64)
+        sizes[:, 0] = first
+        sizes[:, 1] = (np.where(index.encoding == _ELIAS_FANO, self.index.upper_bytes, 0)
+                       + index.escapes * self.index.itemsize)  # escapes: GAP8's only
+        sizes[:, 2] = np.where(value.encoding == _RESIDUE, _ceil8((count - escapes) * value.width),
+                               self.value.raw)
+        sizes[:, 3] = escapes * self.value.position_size
+        sizes[:, 4] = escapes * self.table.itemsize
+        return sizes
+
+    def _columns(self, index: IndexChoice, value: ValueChoice, by_encoding: np.ndarray,
+                 starts: np.ndarray, dense: np.ndarray) -> np.ndarray:
+        """``Layout.COLUMNS`` of every entry; ``starts``: section starts in bits;
+        ``by_encoding``: ``IndexSizes.BY_ENCODING`` of each entry's index encoding."""
+        _, width, stride, two_sections = by_encoding
+        sparse = ~dense
+        first, fields = starts[:, 0], starts[:, 2]
+        residue = value.encoding == _RESIDUE
+        rows = (np.where(dense, -1, index.encoding), first,
+                np.where(dense, self.table.itemsize * BYTE_BITS, stride), width * sparse,
+                np.where(two_sections.astype(bool) & sparse, starts[:, 1], first),
+                self.index.itemsize * BYTE_BITS * sparse, index.width,
+                np.where(dense, -1, value.encoding), value.width, fields,
+                np.where(residue, starts[:, 3], fields),
+                self.value.position_size * BYTE_BITS * sparse,
+                np.where(residue, starts[:, 4], fields))
+        columns = np.empty((len(rows), len(self.count)), np.int64)
+        for at, row in enumerate(rows):
+            columns[at] = row
+        return columns
 
 
 def prepare(table: TensorTable, count: np.ndarray, bins: int) -> Counted:
@@ -319,55 +402,8 @@ def plan(table: TensorTable, count: np.ndarray, *, gap_escapes: np.ndarray, hist
          device: torch.device) -> Plan:
     """The plan of one payload from the per-tensor statistics: change counts, gaps over a
     byte and residue-width histograms (rows)."""
-    return prepare(table, count, hist.shape[1]).plan(gap_escapes=gap_escapes, hist=hist,
-                                                     device=device)
-
-
-def _section_sizes(count: np.ndarray, table: TensorTable, index: IndexChoice,
-                   value: ValueChoice) -> np.ndarray:
-    """``Entry.section_sizes`` of every sparse entry, in ``_SECTIONS`` slots (bytes)."""
-    enc, low = index.encoding, index.width
-    size = index_itemsizes(table.numel)
-    upper_bits = count + ((np.maximum(table.numel, 1) - 1) >> low) + 1
-    is_gap, is_ef = enc == _GAP8, enc == _ELIAS_FANO
-    # nested wheres, not np.select: a few microseconds each on a few hundred tensors
-    first = np.where(enc == _BITMAP, _ceil8(table.numel),
-                     np.where(is_gap, count, np.where(is_ef, _ceil8(count * low),
-                                                      count * np.where(enc == _INT32, 4, 8))))
-    second = np.where(is_gap, index.escapes * size, np.where(is_ef, _ceil8(upper_bits), 0))
-    residue = value.encoding == _RESIDUE
-    escapes = value.escapes
-    sizes = np.empty((len(count), _SECTIONS), np.int64)
-    sizes[:, 0], sizes[:, 1] = first, second
-    sizes[:, 2] = np.where(residue, _ceil8((count - escapes) * value.width), count * table.itemsize)
-    sizes[:, 3] = escapes * index_itemsizes(count)
-    sizes[:, 4] = escapes * table.itemsize
-    return sizes
-
-
-def _columns(count: np.ndarray, table: TensorTable, index: IndexChoice, value: ValueChoice,
-             starts: np.ndarray, dense: np.ndarray) -> np.ndarray:
-    """``Layout.COLUMNS`` of every entry; ``starts``: section starts in bits."""
-    enc, item_bits = index.encoding, table.itemsize * BYTE_BITS
-    sparse = ~dense
-    raw_bits = index_itemsizes(table.numel) * BYTE_BITS
-    is_bitmap = enc == _BITMAP
-    is_gap, is_ef = enc == _GAP8, enc == _ELIAS_FANO
-    width = np.where(is_bitmap, 1, np.where(is_gap, BYTE_BITS,
-                                            np.where(is_ef, index.width, raw_bits)))
-    first = starts[:, 0]
-    residue = value.encoding == _RESIDUE
-    fields = starts[:, 2]
-    rows = (np.where(dense, -1, enc), first,
-            np.where(dense, item_bits, np.where(is_bitmap, 0, width)), width * sparse,
-            np.where(is_gap | is_ef, starts[:, 1], first), raw_bits * sparse, index.width,
-            np.where(dense, -1, value.encoding), value.width, fields,
-            np.where(residue, starts[:, 3], fields), index_itemsizes(count) * BYTE_BITS * sparse,
-            np.where(residue, starts[:, 4], fields))
-    columns = np.empty((len(rows), len(count)), np.int64)
-    for at, row in enumerate(rows):
-        columns[at] = row
-    return columns
+    counted = prepare(table, count, hist.shape[1])
+    return counted.plan(counted.choose(gap_escapes=gap_escapes, hist=hist), device=device)
 
 
 def _entries(table: TensorTable, count: np.ndarray, index: IndexChoice,

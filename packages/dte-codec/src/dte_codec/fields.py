@@ -15,6 +15,7 @@ fields never overlap, so every sum is a bitwise OR and never carries.
 
 from __future__ import annotations
 
+import collections
 import sys
 import threading
 from collections.abc import Sequence
@@ -24,6 +25,7 @@ import numpy as np
 import torch
 
 from .bits import width_mask
+from .dispatch import fused
 
 WORD_BITS = 64
 WORD_BYTES = 8
@@ -188,38 +190,44 @@ def host_table(columns: list[list[int]] | np.ndarray, device: torch.device) -> t
     """Per-segment int64 columns (lists, or rows of an array) as one
     ``(len(columns), segments)`` tensor on ``device``.
 
-    One host-to-device copy; from pinned memory on CUDA, so it does not wait for the GPU.
+    One host-to-device copy; on CUDA from the calling thread's pinned buffer
+    (``PinnedStage``), so it neither waits for the GPU nor pins memory per table.
     """
     return host_tables([columns], device)[0]
 
 
 def host_tables(tables: Sequence[list[list[int]] | np.ndarray], device: torch.device
                 ) -> tuple[torch.Tensor, ...]:
-    """``host_table`` of each of ``tables`` from one host-to-device copy (one pinned
-    buffer, not one per table): each a row-major view starting on a 16-byte boundary,
-    where Triton specializes the pointers it is given."""
+    """``host_table`` of each of ``tables`` from one host-to-device copy: each a
+    row-major view starting on a 16-byte boundary, where Triton specializes the pointers
+    it is given."""
     arrays = [np.ascontiguousarray(t, dtype=np.int64) for t in tables]
     padded = [a.size + a.size % 2 for a in arrays]  # int64 pairs: 16 bytes
     starts = (np.cumsum(padded) - padded).tolist()
-    if len(arrays) == 1:  # no gathering copy
-        host = arrays[0].reshape(-1)
-    else:
-        host = np.zeros(sum(padded), dtype=np.int64)
-        for a, at in zip(arrays, starts):
-            host[at:at + a.size] = a.ravel()
-    staged = torch.from_numpy(host)
     if device.type == "cuda":
-        flat = staged.pin_memory().to(device, non_blocking=True)
+        flat = _stage(device).copy(arrays, starts, sum(padded))
     else:
-        flat = staged.to(device, copy=True)  # not a view of the caller's arrays
+        host = _gathered(np.zeros(sum(padded), dtype=np.int64), arrays, starts)
+        flat = torch.from_numpy(host).to(device, copy=True)  # not a view of the caller's arrays
     return tuple(flat[at:at + a.size].view(a.shape) for a, at in zip(arrays, starts))
+
+
+def _gathered(host: np.ndarray, arrays: list[np.ndarray], starts: list[int]) -> np.ndarray:
+    """``arrays`` written into ``host`` at ``starts`` (words)."""
+    for a, at in zip(arrays, starts):
+        host[at:at + a.size] = a.ravel()
+    return host
 
 
 def block_segments(blocks: torch.Tensor, total: int) -> torch.Tensor:
     """Per kernel block, the segment that owns it, when segment ``s`` takes ``blocks[s]``
     whole blocks in order (``total`` of them): a program reads its segment with one load
     instead of searching, and no kernel needs the segment count as a compile-time
-    constant. One device op, no host synchronization."""
+    constant. One kernel launch where the flat kernels run (``block_kernel``), else
+    ``repeat_interleave`` (the reference); no host synchronization either way."""
+    if fused(blocks.device):
+        from .block_kernel import block_owners
+        return block_owners(blocks, total)
     owners = torch.arange(blocks.numel(), dtype=torch.int32, device=blocks.device)
     return torch.repeat_interleave(owners, blocks, output_size=total)
 
@@ -230,12 +238,13 @@ STAGE_WORDS = 1 << 17
 
 class PinnedStage:
     """Small int64 tables copied to one CUDA device through one pinned host buffer
-    allocated once, where ``host_table`` pins a fresh array per table.
+    allocated once, rather than memory pinned per copy.
 
-    Tables go into the buffer back to back. Before the buffer is reused from its start,
-    the copies that read it must have completed: each copy is followed by an event on
-    its stream, and those events are waited for then (a sync later, long done). A table
-    larger than the buffer goes through ``host_table``.
+    Copies take the buffer's words back to back as a ring, each from a 16-byte boundary.
+    Each copy is followed by an event on its stream; before words of the buffer are
+    written again, the copies of the last lap that read them must have completed, and
+    only those are waited for (the oldest ones, a lap ago: long done, whatever the GPU
+    has queued since). Tables larger than the buffer are pinned on their own.
     """
 
     def __init__(self, device: torch.device, words: int = STAGE_WORDS):
@@ -243,41 +252,52 @@ class PinnedStage:
         self._host = torch.empty(words, dtype=_INT64, pin_memory=True)
         self._array = self._host.numpy()
         self._at = 0
-        self._reads: dict[int, torch.cuda.Event] = {}
-        """Per stream, an event after its last copy from the buffer."""
+        self._reads: collections.deque[tuple[int, int, torch.cuda.Event]] = collections.deque()
+        """Copies that may still be reading the buffer, oldest first: their first word,
+        their lap and an event after them."""
+        self._lap = 0
+        self._spare: list[torch.cuda.Event] = []
+        """Events of copies waited for, to record again."""
 
-    def table(self, columns: np.ndarray) -> torch.Tensor:
-        """``host_table(columns, device)`` (an int64 array's rows) through the buffer."""
-        size = columns.size
-        if size > len(self._array):
-            return host_table(columns, self.device)
-        if self._at + size > len(self._array):
-            for read in self._reads.values():
-                read.synchronize()
-            self._reads.clear()
-            self._at = 0
-        at, self._at = self._at, self._at + size
-        self._array[at:self._at].reshape(columns.shape)[...] = columns
+    def copy(self, arrays: list[np.ndarray], starts: list[int], words: int) -> torch.Tensor:
+        """``arrays`` at word offsets ``starts`` of a ``words``-word tensor on the device
+        (one copy; the words between them unspecified)."""
+        if words > len(self._array):
+            host = _gathered(np.empty(words, dtype=np.int64), arrays, starts)
+            return torch.from_numpy(host).pin_memory().to(self.device, non_blocking=True)
+        reads = self._reads
+        if self._at + words > len(self._array):
+            while reads and reads[0][1] < self._lap:  # the tail of the lap before: a lap old
+                self._wait()
+            self._at, self._lap = 0, self._lap + 1
+        at, self._at = self._at, self._at + words  # words is even: the next stays aligned
+        # the last lap's copies left lie from here on in order: wait for those this one
+        # overwrites
+        while reads and reads[0][1] < self._lap and reads[0][0] < self._at:
+            self._wait()
+        _gathered(self._array[at:self._at], arrays, starts)
         stream = torch.cuda.current_stream(self.device)
-        table = self._host[at:self._at].view(columns.shape).to(self.device, non_blocking=True)
-        read = self._reads.get(stream.stream_id)
-        if read is None:
-            read = self._reads[stream.stream_id] = torch.cuda.Event()
+        flat = self._host[at:self._at].to(self.device, non_blocking=True)
+        read = self._spare.pop() if self._spare else torch.cuda.Event()
         read.record(stream)
-        return table
+        reads.append((at, self._lap, read))
+        return flat
+
+    def _wait(self) -> None:
+        """Wait for the oldest copy that may still read the buffer."""
+        read = self._reads.popleft()[2]
+        read.synchronize()
+        self._spare.append(read)
 
 
 _stages = threading.local()
 
 
-def staged_table(columns: np.ndarray, device: torch.device) -> torch.Tensor:
-    """``host_table`` for a sync's small tables: on CUDA through the calling thread's
-    ``PinnedStage`` of the device, so no pinned memory is allocated per table."""
-    if device.type != "cuda":
-        return host_table(columns, device)
+def _stage(device: torch.device) -> PinnedStage:
+    """The calling thread's stage for CUDA ``device``."""
     stages = _stages.__dict__
     key = device.index if device.index is not None else torch.cuda.current_device()
     stage = stages.get(key)
     if stage is None:
         stage = stages[key] = PinnedStage(torch.device("cuda", key))
-    return stage.table(np.asarray(columns, dtype=np.int64))
+    return stage

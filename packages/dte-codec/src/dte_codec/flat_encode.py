@@ -13,9 +13,11 @@ payload whatever the number of tensors:
    count and numel, with a few numpy ops over all tensors (``encode_plan``: encodings,
    dense fallback, entries and body layout); what follows from the counts alone (every
    candidate size but those the statistics decide) is computed while the device counts
-   (``encode_plan.prepare``). What depends only on the tensor set (names,
-   dtypes, shapes, addresses, each entry's packed bytes) is kept across syncs
-   (``tensor_set``), so the Python per tensor left in a sync is reading its change set.
+   (``encode_plan.prepare``), and the fused kernels rank escapes per block from the
+   encodings alone while the host lays the body out (``FusedFlat.count_escapes``). What
+   depends only on the tensor set (names, dtypes, shapes, addresses, each entry's packed
+   bytes, the kernels' per-tensor columns) is kept across syncs (``tensor_set``), so the
+   Python per tensor left in a sync is reading its change set.
 3. One pass writes every field of every winning encoding into one zeroed body buffer on
    the device; dense entries are copied in; while the device writes, the header is
    packed from the plan's columns (``entry_pack``); the body stays there and its digest
@@ -42,7 +44,7 @@ from .bits import BYTE_BITS, bit_length, order_keys_by_width, width_mask
 from .body_digest import body_digest
 from .change_table import ChangeTable, Members, bounds_fit, change_counts, parts
 from .dispatch import fused
-from .encode_plan import Layout, prepare
+from .encode_plan import Choice, Layout, prepare
 from .errors import EncodeError
 from .fields import Body, Segments, host_table
 from .header import RESIDUE_DTYPES, IndexEncoding, Kind, ValueEncoding, pack_head
@@ -101,7 +103,9 @@ def encode_delta_flat(tensors: Mapping[str, torch.Tensor], changes: Mapping[str,
         return None
     if bad_header is not None:
         raise bad_header
-    chosen = counted.plan(gap_escapes=stats[:, 0], hist=stats[:, 2:], device=device)
+    choice = counted.choose(gap_escapes=stats[:, 0], hist=stats[:, 2:])
+    flat.count_escapes(choice)  # the device counts while the host lays out
+    chosen = counted.plan(choice, device=device)
     body = flat.write(chosen.layout)
     for s in np.flatnonzero(chosen.layout.dense_offsets >= 0).tolist():
         offset = int(chosen.layout.dense_offsets[s])
@@ -175,6 +179,10 @@ class TorchFlat:
         segs = self.segs
         return torch.cat([segs.sums(self.wide)[:, None], segs.sums(self.bad)[:, None],
                           segs.histogram(self.need, bins)], 1)
+
+    def count_escapes(self, choice: Choice) -> None:
+        """Nothing ahead of ``write``, which ranks escapes with a prefix sum per element
+        (``FusedFlat.count_escapes`` counts them per block ahead)."""
 
     def write(self, layout: Layout) -> torch.Tensor:
         """The body laid out by ``layout`` as uint8 on the device, dense entries left zero."""

@@ -58,7 +58,7 @@ def _entry_block(table, block_seg, segments, FIRST: tl.constexpr, COUNT: tl.cons
 
 
 @triton.jit(do_not_specialize=["segments"])
-def _escaped(table, block_seg, segments, marks, BLOCK: tl.constexpr):
+def _escaped(table, block_seg, segments, marks, counts, BLOCK: tl.constexpr):
     _, seg, rank, valid = _entry_block(table, block_seg, segments, _ESCAPE_FIRST_BLOCK,
                                        _ESCAPES, BLOCK)
     count = column(table, _COUNT, segments, seg)
@@ -66,8 +66,12 @@ def _escaped(table, block_seg, segments, marks, BLOCK: tl.constexpr):
                         column(table, _POSITION_SIZE, segments, seg), valid)
     # decode validated the positions; clamping keeps a forged payload off device faults
     position = tl.minimum(tl.maximum(position, 0), count - 1)
-    tl.store(marks + column(table, _FIRST_BLOCK, segments, seg) * BLOCK + position, 1,
-             mask=valid)
+    at = column(table, _FIRST_BLOCK, segments, seg) * BLOCK + position
+    tl.store(marks + at, 1, mask=valid)
+    # per block of marks its count, where summing the marks afterwards reads them all (as
+    # int64: 8 bytes per element); positions strictly increase (decode checks them, and a
+    # payload that fails that check is refused whatever was resolved)
+    tl.atomic_add(counts + at // BLOCK, 1, mask=valid, sem="relaxed")
     size = column(table, _SIZE, segments, seg)
     raw = load_int(column(table, _RAW_AT, segments, seg), rank, size, valid)
     store_int(column(table, _OUT_AT, segments, seg), position, raw, size, valid)
@@ -128,11 +132,11 @@ def _resolve_all(r: Residues, device: torch.device) -> Resolved:
         escape_blocks]), device)
     segments = r.count.size
     marks = torch.zeros(total_blocks * BLOCK, dtype=torch.uint8, device=device)
+    counts_per_block = torch.zeros(total_blocks, dtype=_INT64, device=device)
     if total_escape_blocks:
         _escaped[(total_escape_blocks,)](
             table, block_segments(table[_ESCAPE_BLOCKS], total_escape_blocks), segments, marks,
-            BLOCK=BLOCK)
-    counts_per_block = marks.view(total_blocks, BLOCK).sum(1, dtype=_INT64)
+            counts_per_block, BLOCK=BLOCK)
     before = torch.cumsum(counts_per_block, 0) - counts_per_block
     failures = torch.zeros(total_blocks, dtype=_INT64, device=device)
     _resolve[(total_blocks,)](table, block_segments(table[_BLOCKS], total_blocks), segments,
