@@ -85,17 +85,29 @@ class KernelClock:
         InterpretedFunction.run = self._run
 
 
+_READS = frozenset({torch.Tensor.tolist, torch.Tensor.item, torch.Tensor.__bool__,
+                    torch.Tensor.__int__, torch.Tensor.__index__, torch.Tensor.__float__,
+                    torch.Tensor.cpu, torch.Tensor.numpy})
+"""Tensor methods that read values to the host: on a GPU, a read of a device tensor is a
+host synchronization."""
+
+
 class TorchCalls(TorchFunctionMode):
     """The torch calls made outside kernel launches: on a GPU each is a launch or a
-    host-side tensor operation, and the count does not depend on the host's load."""
+    host-side tensor operation, and the count does not depend on the host's load. Also
+    the calls among them that read tensor values to the host (``_READS``; here every
+    tensor is on the CPU, so a read of a host table counts too)."""
 
     def __init__(self, clock: KernelClock):
         super().__init__()
         self.clock = clock
         self.count = 0
+        self.reads = 0
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
-        self.count += not self.clock.inside
+        if not self.clock.inside:
+            self.count += 1
+            self.reads += func in _READS
         return func(*args, **(kwargs or {}))
 
 
@@ -173,7 +185,8 @@ def main() -> None:
     host_ms.sort()
     print(f"| receive host {a.label} | {len(trainer)} tensors, header {entries} B, "
           f"<= {a.per_entry} changed per matrix | median {statistics.median(host_ms):.2f} ms "
-          f"(least {host_ms[0]:.2f}) | {calls.count} torch calls | bitwise {bitwise} | "
+          f"(least {host_ms[0]:.2f}) | {calls.count} torch calls, {calls.reads} value reads | "
+          f"bitwise {bitwise} | "
           f"launches per delta "
           f"{dict(sorted(clock.launches.items()))} |")
 

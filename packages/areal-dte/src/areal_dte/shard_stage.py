@@ -187,20 +187,26 @@ class ShardStage:
         (``dte_codec.routes``); None where they do not, or give way to the reference.
         A payload decoded in one body on the weights' device is read from it
         (``Payload.flat``), with no per-entry tensors."""
-        device = self._local(weights).device
+        local = self._local(weights)
+        device = local.device
         if device is None or not fused(device):
             return None
-        flat = payload.flat
+        # a decode's queued checks are read with the routes' summary: one synchronization
+        checks = payload.checks
+        flat = payload.unchecked_flat()
         if flat is not None and flat.body.device == device:
             sparse = SparseEntries.of_flat(flat)
         else:
+            checks = None  # read here, before the entries' tensors are made
             sparse = SparseEntries.of_tensors(
                 [(entry, where, sections) for entry, where, sections in
                  zip(payload.header.entries, payload.indices, payload.values)
                  if not isinstance(where, Box)], device)
         if sparse is None or not sparse.names:
             return None
-        return stage_routed(self._routes_on(device, weights), weights, sparse)
+        routes = self._routes_on(device, weights)
+        return stage_routed(routes, weights, sparse, targets=local.targets(routes, weights),
+                            checks=checks)
 
     def _routes_on(self, device: torch.device, weights: Mapping[str, torch.Tensor]) -> Routes:
         """The plan as device tables on ``device`` (``weights``' item sizes), built once."""
@@ -274,20 +280,22 @@ class ShardStage:
     def _local(self, weights: Mapping[str, torch.Tensor]) -> _Local:
         """The local tensors as this payload finds them; the copy plans and routes are
         dropped when their names, shapes, dtypes or strides change (a tensor replaced,
-        resized or retyped). The kernels write row-major tensors: with a strided one
-        among them there is no device, and the reference writes."""
-        names, tensors = tuple(weights), tuple(weights.values())
-        layout = [(t.shape, t.dtype, t.stride()) for t in tensors]
+        resized or retyped), the device table of their addresses when an address changes
+        (a tensor replaced or re-allocated). The kernels write row-major tensors: with a
+        strided one among them there is no device, and the reference writes."""
+        tensors = tuple(weights.values())
+        # per tensor one C call per property, no Python frame: 290 tensors per delta
+        layout = (tuple(weights), tuple(map(_SHAPE, tensors)),
+                  tuple(map(torch.Tensor.stride, tensors)), tuple(map(_DTYPE, tensors)))
         addresses = tuple(map(torch.Tensor.data_ptr, tensors))
         held = self._held[0] if self._held else None
-        if held is None or (held.names, held.layout, held.addresses) != (names, layout,
-                                                                          addresses):
-            if held is not None and (held.names, held.layout) != (names, layout):
+        if held is None or held.layout != layout or held.addresses != addresses:
+            if held is not None and held.layout != layout:
                 self._plans.clear()
                 self._routes.clear()
             devices = {t.device for t in tensors}
-            row_major = all(t.is_contiguous() for t in tensors)
-            held = _Local(names, layout, addresses,
+            row_major = all(map(torch.Tensor.is_contiguous, tensors))
+            held = _Local(layout, addresses,
                           devices.pop() if len(devices) == 1 and row_major else None,
                           not any(a % WORD_BYTES for a in addresses))
             self._held[:] = [held]
@@ -310,19 +318,30 @@ class ShardStage:
                            aligned=aligned)
 
 
-@attrs.frozen(eq=False)
+@attrs.define(eq=False)
 class _Local:
     """The local tensors as one payload found them: what a copy plan rests on (names,
-    shapes, dtypes, the device) and whether they all start on a word."""
+    shapes, strides, dtypes, the device), their addresses, and whether they all start on
+    a word."""
 
-    names: tuple[str, ...]
-    layout: list[tuple[torch.Size, torch.dtype, tuple[int, ...]]]
+    layout: tuple[tuple[str, ...], tuple[torch.Size, ...], tuple[tuple[int, ...], ...],
+                  tuple[torch.dtype, ...]]
     addresses: tuple[int, ...]
     device: torch.device | None
     """Where every local tensor lives; None when there are none or several devices."""
     aligned: bool
+    _targets: torch.Tensor | None = None
+
+    def targets(self, routes: Routes, weights: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        """``routes.target_addresses(weights)``, made once: a ``_Local`` lives while the
+        addresses stay, and the routes of its device while the layout does."""
+        if self._targets is None:
+            self._targets = routes.target_addresses(weights)
+        return self._targets
 
 
+_SHAPE = operator.attrgetter("shape")
+_DTYPE = operator.attrgetter("dtype")
 _MISSING = object()
 
 

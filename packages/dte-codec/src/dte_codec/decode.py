@@ -1,7 +1,10 @@
 """Parse and validate a payload: header, digest, section sizes, indices and escapes.
 
 Everything that can be checked without the receiver's tensors is checked here, so that
-``apply_`` only has to match names, dtypes and shapes before it writes.
+``apply_`` only has to match names, dtypes and shapes before it writes. On a GPU the body's
+checks (digest, indices) are counts on the device; ``decode`` reads them before it returns,
+``decode_queued`` leaves them queued on the payload (``QueuedChecks``) for a reader that
+reads them with its own values, one host synchronization for both.
 """
 
 from __future__ import annotations
@@ -9,13 +12,14 @@ from __future__ import annotations
 import bisect
 import functools
 import itertools
+from collections.abc import Sequence
 
 import attrs
 import numpy as np
 import torch
 
 from .body_digest import U64, queued_digest
-from .errors import DigestError, EntryError, HeaderError
+from .errors import CodecError, DigestError, EntryError, HeaderError
 from .fields import batched
 from .frame import Frame
 from .flat_decode import (INDEX_SECTIONS, IS_SPARSE, VALUE_SECTIONS, FlatIndices,
@@ -32,31 +36,110 @@ class Payload:
     """A decoded payload: its header and, per entry, validated indices and value sections.
 
     Built with ``indices`` and ``values`` (entry by entry), or with ``flat`` (the batched
-    decoder), from which ``indices`` and ``values`` are made when first read.
+    decoder), from which ``indices`` and ``values`` are made when first read. A payload of
+    ``decode_queued`` may still have its checks queued (``checks``): reading ``indices``,
+    ``values`` or ``flat`` reads them first and raises their error.
     """
 
     header: Header
     _indices: tuple[torch.Tensor | Box, ...] = ()
     _values: tuple[tuple[torch.Tensor, ...], ...] = ()
-    flat: Flat | None = None
-    """The body in one piece and every sparse entry's indices back to back, where the
-    batched decoder made them: what the kernels read, with no per-entry tensors."""
+    _flat: Flat | None = None
+    _checks: QueuedChecks | None = attrs.field(default=None, eq=False, repr=False)
 
     @functools.cached_property
     def indices(self) -> tuple[torch.Tensor | Box, ...]:
         """Per entry, int64 flat indices (sparse entries) or the box it covers (dense and
         box entries; a dense entry covers its whole tensor)."""
-        return self._indices if self.flat is None else self.flat.entry_indices()
+        settled = self.settled()
+        if settled is not self:
+            return settled.indices
+        return self._indices if self._flat is None else self._flat.entry_indices()
 
     @functools.cached_property
     def values(self) -> tuple[tuple[torch.Tensor, ...], ...]:
         """Per entry, the value sections as uint8 tensors (see ``FORMAT.md``)."""
-        return self._values if self.flat is None else self.flat.entry_values()
+        settled = self.settled()
+        if settled is not self:
+            return settled.values
+        return self._values if self._flat is None else self._flat.entry_values()
+
+    @property
+    def flat(self) -> Flat | None:
+        """The body in one piece and every sparse entry's indices back to back, where the
+        batched decoder made them: what the kernels read, with no per-entry tensors."""
+        settled = self.settled()
+        return settled._flat if settled is self else settled.flat
+
+    @property
+    def checks(self) -> QueuedChecks | None:
+        """The checks of a ``decode_queued`` payload while they are not read yet (None
+        after): a reader may read them together with its own values (``unchecked_flat``)."""
+        return None if self._checks is None or self._checks.read else self._checks
+
+    def unchecked_flat(self) -> Flat | None:
+        """``flat``, without reading ``checks`` while they are queued: only for launches
+        that write scratch and read within the header's bounds, whose caller settles
+        ``checks`` before using anything they made."""
+        return self._flat if self.checks is not None else self.flat
+
+    def settled(self) -> Payload:
+        """This payload once its queued checks passed, or where the batched decode gave
+        way, the payload decoded entry by entry; raises the decode's error otherwise.
+
+        Raises:
+            DigestError: the body does not match its digest.
+            EntryError: invalid indices or escape positions inside an entry.
+        """
+        if self._checks is None:
+            return self
+        fallback = self._checks.settle()
+        return self if fallback is None else fallback
 
     @property
     def nbytes(self) -> int:
         """Size of the body in bytes (the header is not counted)."""
         return self.header.body_size()
+
+
+@attrs.define(eq=False)
+class QueuedChecks:
+    """The checks of a batched decode, queued on the device behind its launches: the body
+    digest and the count of failed index checks, read once (``settle``)."""
+
+    frame: Frame
+    header: Header
+    queued: torch.Tensor
+    """int64 (computed body digest, failed checks) on the body's device."""
+    _outcome: tuple[Payload | None] | CodecError | None = None
+
+    @property
+    def read(self) -> bool:
+        """Whether ``settle`` has run."""
+        return self._outcome is not None
+
+    def settle(self, values: Sequence[int] | None = None) -> Payload | None:
+        """Compare the checks, ``values`` where the caller read ``queued`` with its own
+        values (one host synchronization for both), else read here. Returns None where
+        they passed, the payload decoded entry by entry where the batched decode failed
+        a check that the reference does not (see ``_batched``); the same every call.
+
+        Raises:
+            DigestError: the body does not match its digest.
+            EntryError: the first failed check in ``FORMAT.md``'s order.
+        """
+        if self._outcome is None:
+            digest, failed = self.queued.tolist() if values is None else values
+            try:
+                _compare_digest(self.frame, digest)
+                self._outcome = ((_per_entry(self.header, _split(self.header,
+                                                                 self.frame.segments))
+                                  if failed else None),)
+            except CodecError as exc:
+                self._outcome = exc
+        if isinstance(self._outcome, CodecError):
+            raise self._outcome
+        return self._outcome[0]
 
 
 @attrs.frozen
@@ -110,6 +193,27 @@ def decode(data: Frame | bytes | bytearray | memoryview, *,
         DigestError: the header or the body does not match its digest.
         EntryError: invalid indices or escape positions inside an entry.
     """
+    return decode_queued(data, device=device).settled()
+
+
+def decode_batched(data: Frame | bytes | bytearray | memoryview, *,
+                   device: str | torch.device | None = None) -> Payload:
+    """``decode`` with every sparse entry's indices found together (``flat_decode``), on
+    any device: a fixed number of device passes and one host synchronization."""
+    return _batched(*_open(data, device)).settled()
+
+
+def decode_queued(data: Frame | bytes | bytearray | memoryview, *,
+                  device: str | torch.device | None = None) -> Payload:
+    """``decode`` whose batched checks (digest, indices) stay queued on the device where
+    every entry is sparse: the header is checked, but the payload's ``checks`` are read
+    when a reader first needs them (``Payload.settled``), so a stage can queue its own
+    launches and read both with one host synchronization. Elsewhere as ``decode``.
+
+    Raises:
+        HeaderError: truncated or inconsistent header fields.
+        DigestError, EntryError: as ``decode``, where the checks were read here.
+    """
     header, frame, digest = _open(data, device)
     if not batched(frame.device):
         _check_digest(frame, digest)
@@ -117,31 +221,29 @@ def decode(data: Frame | bytes | bytearray | memoryview, *,
     return _batched(header, frame, digest)
 
 
-def decode_batched(data: Frame | bytes | bytearray | memoryview, *,
-                   device: str | torch.device | None = None) -> Payload:
-    """``decode`` with every sparse entry's indices found together (``flat_decode``), on
-    any device: a fixed number of device passes and one host synchronization."""
-    return _batched(*_open(data, device))
-
-
 def _batched(header: Header, frame: Frame, digest: torch.Tensor) -> Payload:
+    """The batched decode; its checks left queued where every entry is sparse."""
     columns = header.columns()
     encodings = columns["index_encoding"]
-    if not IS_SPARSE[encodings].any():
+    sparse = IS_SPARSE[encodings]
+    if not sparse.any():
         _check_digest(frame, digest)
         return _per_entry(header, _split(header, frame.segments))  # no body copy
     body = frame.body()
     # queued behind the digest: the checks of both are read together, and nothing is
     # written anywhere before the digest has matched
     flat = decode_indices_flat(header, body)
-    failed = _check_digest(frame, digest, flat.failures)
-    regions = None
-    if not failed:
-        try:
-            regions = _regions(header, body, encodings)
-        except EntryError:
-            pass
-    if regions is None:
+    queued = QueuedChecks(frame, header, torch.stack([digest.to(flat.failures.device),
+                                                      flat.failures]))
+    if sparse.all():  # no box to read from the body: nothing before the checks
+        return Payload(header=header, flat=Flat(header, body, flat, (None,) * sparse.size),
+                       checks=queued)
+    fallback = queued.settle()
+    if fallback is not None:
+        return fallback
+    try:
+        regions = _regions(header, body, encodings)
+    except EntryError:
         return _per_entry(header, _split(header, frame.segments))  # raises the first failed check, in order
     return Payload(header=header, flat=Flat(header, body, flat, regions))
 
@@ -181,23 +283,22 @@ def _open(data: Frame | bytes | bytearray | memoryview, device: str | torch.devi
                           got=sorted(map(str, shapes)))
     if device is not None and frame.device != torch.device(device):  # one device, checked
         frame = frame.to(device)
-    header = Header.unpack_head(memoryview(frame.header), frame.body_size)
-    return header, frame, queued_digest(frame.segments)
+    # queued first: the device hashes the body while the host reads the header (whose
+    # errors still come first: the digest is compared later)
+    digest = queued_digest(frame.segments)
+    return Header.unpack_head(memoryview(frame.header), frame.body_size), frame, digest
 
 
-def _check_digest(frame: Frame, digest: torch.Tensor, failures: torch.Tensor | None = None
-                  ) -> bool:
-    """Raise ``DigestError`` if the body does not match the digest its header carries;
-    else whether ``failures`` (a count of failed checks queued behind the digest) is
-    nonzero. One host synchronization reads both."""
-    if failures is None:
-        computed = int(digest)
-    else:
-        computed, failed = torch.stack([digest.to(failures.device), failures]).tolist()
+def _check_digest(frame: Frame, digest: torch.Tensor) -> None:
+    """Raise ``DigestError`` if the body does not match the digest its header carries
+    (one host synchronization)."""
+    _compare_digest(frame, int(digest))
+
+
+def _compare_digest(frame: Frame, computed: int) -> None:
     stored, computed = body_digest_of(frame.header), computed & U64
     if stored != computed:
         raise DigestError("body_digest", expected=f"{stored:#018x}", got=f"{computed:#018x}")
-    return failures is not None and failed != 0
 
 
 def _per_entry(header: Header, sections: list[tuple[torch.Tensor, ...]]) -> Payload:

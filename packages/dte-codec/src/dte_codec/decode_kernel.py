@@ -27,6 +27,7 @@ are not constants and the body's alignment (it may start at any word) is not spe
 
 from __future__ import annotations
 
+import attrs
 import numpy as np
 import torch
 import triton
@@ -64,9 +65,12 @@ _STREAM_FIRST_BLOCK = tl.constexpr(0)
 _STREAM_WORD = tl.constexpr(1)
 _STREAM_LIMIT = tl.constexpr(2)
 _STREAM_WORDS = tl.constexpr(3)
-# host-only columns: a stream's blocks and its entry's element count
+# host-only columns: a stream's blocks, its entry's element count, its first and last
+# word slots
 _STREAM_BLOCKS = 4
 _STREAM_COUNT = 5
+_STREAM_FIRST_SLOT = 6
+_STREAM_LAST_SLOT = 7
 _E_INT32 = tl.constexpr(IndexEncoding.INT32.value)
 _E_INT64 = tl.constexpr(IndexEncoding.INT64.value)
 _E_GAP8 = tl.constexpr(IndexEncoding.GAP8.value)
@@ -345,19 +349,23 @@ def _decode(rows: np.ndarray, counts: np.ndarray, words: torch.Tensor,
     if streams_rows is not None:
         tables.append(streams_rows)
     if escapes is not None:
-        tables.append(_escape_rows(*escapes))
-    table, *rest = host_tables(tables, device)
-    failures = [] if escapes is None else [_escape_pass(tables[-1], rest.pop())]
-    streams, ones, stream_failures = _stream_pass(streams_rows, rest[0] if rest else None,
-                                                  words)
+        escape_rows = _escape_rows(*escapes)
+        tables.append(escape_rows)
+    table, *rest = host_tables(tables, device)  # every table in one copy
+    streams, ranks = _stream_pass(streams_rows, rest[0] if streams_rows is not None else None,
+                                  words)
     segments, total_blocks = counts.size, int(blocks.sum())
     block_seg = block_segments(table[_BLOCKS], total_blocks)
     out = torch.empty(int(counts.sum()), dtype=_INT64, device=device)
     wides, sums, gap_failures, check_failures = _rows(4, total_blocks, device)
     grid = (total_blocks,)
     args = (table, block_seg, segments)
-    _fields[grid](*args, streams, streams.shape[1], ones, words, last, out, wides, BLOCK=BLOCK)
-    failures.append(stream_failures)
+    _fields[grid](*args, streams, streams.shape[1], ranks.before, words, last, out, wides,
+                  BLOCK=BLOCK)
+    # what ``_fields`` does not read is queued behind it: the device is busy meanwhile
+    failures = [ranks.failures(streams)]
+    if escapes is not None:
+        failures.append(_escape_pass(escape_rows, rest[-1]))
     if (enc == IndexEncoding.GAP8).any():
         wide_before = _exclusive(wides)
         _gaps[grid](*args, words, last, wide_before, wide_before, sums, gap_failures, out,
@@ -385,31 +393,45 @@ def _stream_rows(rows: np.ndarray, counts: np.ndarray) -> tuple[np.ndarray | Non
     stream_words = -(-limit // 64)
     blocks = -(-stream_words // BLOCK)
     word_at = np.where(is_ef, rows[4], rows[1])[picked] // 64
-    return np.stack([_starts(blocks), word_at, limit, stream_words, blocks, counts[picked]]
-                    ), stream_of
+    first_block = _starts(blocks)
+    return np.stack([first_block, word_at, limit, stream_words, blocks, counts[picked],
+                     first_block * BLOCK, (first_block + blocks) * BLOCK - 1]), stream_of
+
+
+@attrs.frozen
+class _Ranks:
+    """What ``_stream`` leaves: per stream word slot the set bits before it, and what its
+    checks need (the prefix sums of the set bits, the words with set padding bits)."""
+
+    before: torch.Tensor
+    seen: torch.Tensor | None = None
+    padded: torch.Tensor | None = None
+
+    def failures(self, streams: torch.Tensor) -> torch.Tensor:
+        """The streams' failed checks: set bits other than their element counts, set
+        padding bits."""
+        if self.seen is None or self.padded is None:
+            return torch.zeros((), dtype=_INT64, device=self.before.device)
+        found = (self.seen.index_select(0, streams[_STREAM_LAST_SLOT])
+                 - self.before.index_select(0, streams[_STREAM_FIRST_SLOT]))
+        return (found != streams[_STREAM_COUNT]).sum() + self.padded.sum()
 
 
 def _stream_pass(rows: np.ndarray | None, streams: torch.Tensor | None, words: torch.Tensor
-                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                 ) -> tuple[torch.Tensor, _Ranks]:
     """The ``_stream`` launch over the stream table ``rows`` (``_stream_rows``; on the
-    device ``streams``): the table, per stream word slot the set bits before it (the
-    ranks ``_fields`` searches), and the failed checks (set-bit counts, padding). Without
-    streams the table is a placeholder that no program reads."""
+    device ``streams``): the table and the ranks ``_fields`` searches (``_Ranks``).
+    Without streams the table is a placeholder that no program reads."""
     device, last = words.device, words.numel() - 1
     if rows is None or streams is None:
-        zero = torch.zeros((), dtype=_INT64, device=device)
-        return _rows(1, 2, device), _rows(1, 2, device)[0], zero
+        return _rows(1, 2, device), _Ranks(_rows(1, 2, device)[0])
     total = int(rows[_STREAM_BLOCKS].sum())
     block_seg = block_segments(streams[_STREAM_BLOCKS], total)
     ones = torch.empty(total * BLOCK, dtype=_INT64, device=device)
-    bad = _rows(1, total, device)[0]
-    _stream[(total,)](streams, block_seg, rows.shape[1], words, last, ones, bad, BLOCK=BLOCK)
+    padded = _rows(1, total, device)[0]
+    _stream[(total,)](streams, block_seg, rows.shape[1], words, last, ones, padded, BLOCK=BLOCK)
     seen = torch.cumsum(ones, 0)
-    before = seen - ones
-    first = streams[_STREAM_FIRST_BLOCK.value] * BLOCK
-    found = (seen.index_select(0, first + streams[_STREAM_BLOCKS] * BLOCK - 1)
-             - before.index_select(0, first))
-    return streams, before, (found != streams[_STREAM_COUNT]).sum() + bad.sum()
+    return streams, _Ranks(seen - ones, seen, padded)
 
 
 def _rows(count: int, length: int, device: torch.device) -> torch.Tensor:

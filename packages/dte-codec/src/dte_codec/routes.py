@@ -36,7 +36,7 @@ from .header import Entry, ValueEncoding
 from .remap import _affine, _check_boxes, _strides
 
 if TYPE_CHECKING:
-    from .decode import Flat
+    from .decode import Flat, QueuedChecks
 
 _WORD = 8
 _NARROW = 2**31
@@ -82,10 +82,6 @@ class Routes:
     _columns: dict[tuple[str, ...], np.ndarray] = attrs.field(
         factory=dict, init=False, eq=False, repr=False)
     """The columns of the names last given to ``source_columns``."""
-    _targets: dict[tuple[int, ...], torch.Tensor] = attrs.field(
-        factory=dict, init=False, eq=False, repr=False)
-    """The device table of the local tensors' addresses, by those addresses (the last
-    set only: a replaced tensor has another address)."""
 
     @classmethod
     def of(cls, transfers: Mapping[str, Sequence[Transfer]],
@@ -162,13 +158,12 @@ class Routes:
         return columns.copy()
 
     def target_addresses(self, weights: Mapping[str, torch.Tensor]) -> torch.Tensor:
-        """The local tensors' addresses, in ``tensors`` order, as a device table."""
-        key = tuple(map(torch.Tensor.data_ptr, map(weights.__getitem__, self.tensors)))
-        table = self._targets.get(key)
-        if table is None:
-            self._targets.clear()
-            table = self._targets[key] = host_table([list(key)], self.table.device)[0]
-        return table
+        """The local tensors' addresses, in ``tensors`` order, as a device table: what
+        ``stage_routed`` takes (a caller that holds the tensors across payloads keeps it
+        while their addresses stay)."""
+        return host_table([list(map(torch.Tensor.data_ptr,
+                                    map(weights.__getitem__, self.tensors)))],
+                          self.table.device)[0]
 
 
 def _split_dim(sizes: tuple[int, ...], boxes: list[tuple[tuple[int, ...], tuple[int, ...]]]
@@ -268,9 +263,18 @@ def _aligned(section: torch.Tensor) -> torch.Tensor:
 
 
 def stage_routed(routes: Routes, weights: Mapping[str, torch.Tensor],
-                 sparse: SparseEntries) -> StagedRoutes | None:
-    """The ``sparse`` entries (on the routes' device) staged into ``weights``; None when
-    the reference must stage them (see the module docstring)."""
+                 sparse: SparseEntries, *, targets: torch.Tensor,
+                 checks: QueuedChecks | None = None) -> StagedRoutes | None:
+    """The ``sparse`` entries (on the routes' device) staged into ``weights``, whose
+    addresses are ``targets`` (``Routes.target_addresses``); None when the reference
+    must stage them (see the module docstring). ``checks``: the queued
+    checks of the payload ``sparse`` was read from (``decode.decode_queued``), read with
+    the routes' summary and settled before anything staged is used; the launches before
+    write only scratch and stay inside the header's bounds, whatever the body holds.
+
+    Raises:
+        DigestError, EntryError: ``checks`` failed (``QueuedChecks.settle``).
+    """
     from . import route_kernel as kernel
     device = routes.table.device
     encodings = sparse.columns["value_encoding"]
@@ -278,12 +282,12 @@ def stage_routed(routes: Routes, weights: Mapping[str, torch.Tensor],
             or not ((encodings == ValueEncoding.RAW)
                     | (encodings == ValueEncoding.RESIDUE)).all()):
         return None
-    moves = _Moves.of(routes, weights, sparse)
-    flags = torch.zeros(_FLAGS, dtype=torch.int64, device=device)
+    moves = _Moves.of(routes, weights, sparse, targets)
+    summary = [moves.flags]
     if moves.total:
         with on_device(device):
             kernel.route(moves.entries, moves.block_seg, len(sparse.names), routes.table,
-                         routes.lookup, moves.tensor_of, moves.flat_of, flags,
+                         routes.lookup, moves.tensor_of, moves.flat_of, moves.flags,
                          narrow=routes.narrow)
     gathered = moves.gather()
     new_at = sparse.value_at[0].copy()  # raw values are sent as they are
@@ -299,10 +303,17 @@ def stage_routed(routes: Routes, weights: Mapping[str, torch.Tensor],
             gathered.data_ptr() + moves.offsets[residue]), device)
         new_at[residue] = resolved.out.data_ptr() + resolved.offsets
         keep += (resolved.out,)
-        flags = torch.cat([flags, resolved.failures.view(1)])
+        summary.append(resolved.failures.view(1))
     # copied while the kernels above run: after the synchronization the write only launches
     new_on_device = host_table(new_at[None], device)[0]
-    if bool(flags.any()):  # the one host synchronization
+    if checks is not None:  # the decode's checks first: its errors come before any fallback
+        summary.insert(0, checks.queued.to(device))
+    read = torch.cat(summary).tolist()  # the one host synchronization
+    if checks is not None:
+        if checks.settle(read[:2]) is not None:
+            return None
+        read = read[2:]
+    if any(read):
         return None
     return StagedRoutes(moves, new_at, new_on_device, keep, gathered)
 
@@ -315,6 +326,8 @@ class _Moves:
 
     entries: torch.Tensor
     block_seg: torch.Tensor
+    flags: torch.Tensor
+    """``route_kernel``'s flag counts, zeroed (copied with the table)."""
     tensors: torch.Tensor
     targets: tuple[torch.Tensor, ...]
     tensor_of: torch.Tensor
@@ -328,7 +341,7 @@ class _Moves:
 
     @classmethod
     def of(cls, routes: Routes, weights: Mapping[str, torch.Tensor],
-           sparse: SparseEntries) -> _Moves:
+           sparse: SparseEntries, targets: torch.Tensor) -> _Moves:
         device = routes.table.device
         from .route_kernel import BLOCK, BLOCKS, ITEMSIZE, NUMEL
         counts, itemsize = sparse.columns["count"], sparse.columns["itemsize"]
@@ -339,13 +352,14 @@ class _Moves:
         offsets = np.cumsum(sizes) - sizes
         gathered = torch.empty(max(int(sizes.sum()), _WORD), dtype=torch.uint8, device=device)
         # the gather's addresses go with the table: one copy to the device
-        table, gathered_at = host_tables([np.concatenate([
+        table, gathered_at, flags = host_tables([np.concatenate([
             np.stack([np.cumsum(blocks) - blocks, sparse.index_at, sparse.index_size]),
             columns, np.stack([counts, blocks])]),  # ... ELEMENTS, BLOCKS
-            (gathered.data_ptr() + offsets)[None]], device)
+            (gathered.data_ptr() + offsets)[None], np.zeros(_FLAGS, dtype=np.int64)], device)
         total_blocks = int(blocks.sum())
         return cls(entries=table, block_seg=block_segments(table[BLOCKS], total_blocks),
-                   tensors=routes.target_addresses(weights),
+                   flags=flags,
+                   tensors=targets,
                    targets=tuple(weights[name] for name in routes.tensors),
                    tensor_of=torch.empty(total_blocks * BLOCK, dtype=torch.int32, device=device),
                    flat_of=torch.empty(total_blocks * BLOCK, dtype=torch.int64, device=device),

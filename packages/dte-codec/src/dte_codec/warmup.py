@@ -146,6 +146,7 @@ def _route(delta, old: dict[str, torch.Tensor], device: torch.device) -> None:
         SparseEntries.of_tensors([(e, i, s) for e, i, s in zip(
             delta.header.entries, delta.indices, delta.values) if isinstance(i, torch.Tensor)],
             device))
-    staged = stage_routed(routes, local, sparse) if sparse is not None else None
+    staged = (stage_routed(routes, local, sparse, targets=routes.target_addresses(local))
+              if sparse is not None else None)
     if staged is not None:
         staged.write()

@@ -6,7 +6,8 @@ import logging
 from collections.abc import Callable, Mapping, MutableMapping
 
 import torch
-from dte_codec import CodecError, Frame, Kind, Payload, decode, warm_up
+from dte_codec import CodecError, Frame, Kind, Payload, warm_up
+from dte_codec.decode import decode_queued
 from dte_codec.digest import digests as tensor_digests
 from dte_codec.apply import Prepared, prepare
 from dte_codec.errors import ApplyError, MismatchError
@@ -64,22 +65,33 @@ class Receiver:
                 (``Rejection.DIGEST_MISMATCH``).
         """
         try:
-            payload = decode(data, device=self.device)
+            # on a GPU the body's checks stay queued: a stage that reads them with its own
+            # summary (ShardStage) has the delta with one host synchronization
+            payload = decode_queued(data, device=self.device)
         except CodecError as exc:
             return self._reject(Rejection.BAD_PAYLOAD, exc)
         header = payload.header
         if header.kind == Kind.DELTA:
+            refused = None
             if header.stream_id != self.stream_id:
-                return self._reject(Rejection.WRONG_STREAM,
-                                    f"delta of stream {header.stream_id!r}, holding "
-                                    f"{self.stream_id!r}")
-            if header.base_version != self.version:
-                return self._reject(Rejection.WRONG_BASE,
-                                    f"delta onto version {header.base_version}, holding "
-                                    f"{self.version}")
+                refused = (Rejection.WRONG_STREAM, f"delta of stream {header.stream_id!r}, "
+                           f"holding {self.stream_id!r}")
+            elif header.base_version != self.version:
+                refused = (Rejection.WRONG_BASE, f"delta onto version {header.base_version}, "
+                           f"holding {self.version}")
+            if refused is not None:
+                return self._reject(*(_bad(payload) or refused))
         check = None if digests is None else lambda: self._check_digests(digests)
         try:
-            self.stage(self.weights, payload).write(check=check)
+            try:
+                prepared = self.stage(self.weights, payload)
+            except CodecError:
+                payload.settled()  # a bad payload is refused as such, before a misfit
+                raise
+            settled = payload.settled()  # read where the stage did not read it
+            if settled is not payload:  # the batched decode gave way: stage the reference's
+                prepared = self.stage(self.weights, settled)
+            prepared.write(check=check)
         except _DigestMismatch as exc:
             if header.kind == Kind.FULL:
                 self.version = self.stream_id = None
@@ -111,6 +123,15 @@ class Receiver:
         log.warning("rejected payload (%s): %s; staying at version %s", rejection.value, detail,
                     self.version)
         return Ack(accepted=False, version=self.version, rejection=rejection, detail=str(detail))
+
+
+def _bad(payload: Payload) -> tuple[Rejection, CodecError] | None:
+    """``BAD_PAYLOAD`` with the decode's error where ``payload``'s checks fail."""
+    try:
+        payload.settled()
+    except CodecError as exc:
+        return Rejection.BAD_PAYLOAD, exc
+    return None
 
 
 class _DigestMismatch(Exception):
