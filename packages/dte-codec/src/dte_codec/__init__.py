@@ -2,12 +2,13 @@
 
 A payload is full (every tensor dense) or a delta from one version to the next (per
 tensor the cheapest exact encoding); in flight it is a ``Frame``, a host header and a
-body on the device where it was encoded. ``decode`` validates everything it can on its own,
-``apply_`` checks the payload against the receiver and writes all or nothing.
+body on the device where it was encoded. ``decode`` validates everything it can on its own
+(``decode_queued`` leaves the device's checks queued for a reader that reads them with its
+own values), ``apply_`` checks the payload against the receiver and writes all or nothing.
 """
 
 from .apply import apply_
-from .decode import Payload, decode
+from .decode import Payload, decode, decode_queued
 from .digest import digests
 from .encode import ChangeSet, encode_delta, encode_full
 from .errors import CodecError
@@ -24,6 +25,7 @@ __all__ = [
     "Payload",
     "apply_",
     "decode",
+    "decode_queued",
     "digests",
     "encode_delta",
     "encode_full",

@@ -6,8 +6,7 @@ import logging
 from collections.abc import Callable, Mapping, MutableMapping
 
 import torch
-from dte_codec import CodecError, Frame, Kind, Payload, warm_up
-from dte_codec.decode import decode_queued
+from dte_codec import CodecError, Frame, Kind, Payload, decode_queued, warm_up
 from dte_codec.digest import digests as tensor_digests
 from dte_codec.apply import Prepared, prepare
 from dte_codec.errors import ApplyError, MismatchError
