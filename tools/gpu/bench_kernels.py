@@ -20,10 +20,11 @@ synchronisations included:
 ``--modes`` picks the modes (default both). The batched calls are also profiled (each of
 ``--reps`` calls alone, after its untimed reset): ``kernel ms`` is the median of their
 summed device time (kernels, copies, fills), the part target 1 of issue 11 measures, as
-the wall above includes the host's work and synchronisations. Also timed, on as many parameters as each
-run has tensors (the sizes do not matter, only the count): ``AdamWSteps.commit`` after a
-fused AdamW step (reads every step count from the device) and ``commit_recorded`` (reads
-none), median of ``--reps``.
+the wall above includes the host's work and synchronisations.
+
+Also timed, on as many parameters as each run has tensors (the sizes do not matter, only
+the count): ``AdamWSteps.commit`` after a fused AdamW step (reads every step count from the
+device) and ``commit_recorded`` (reads none), median of ``--reps``.
 
 Each kernel's bandwidth is its minimal bytes over its time, as a fraction of the copy
 bandwidth; ``missed`` counts changed elements (snapshot diff) that the detector did not

@@ -5,8 +5,9 @@ GPU's timeline.
 
 One program per segment adds up the blocks of the segments before it (a few loads for
 the few hundred segments of a model, tiles of ``TILE`` for more) and writes its own id
-over its run of blocks. The segment count is the grid's size and the blocks' address is not specialized on its
-alignment (they are a row of a larger table), so no tensor count compiles a new variant.
+over its run of blocks. The segment count is the grid's size and the blocks' address is
+not specialized on its alignment (they are a row of a larger table), so no tensor count
+compiles a new variant.
 """
 
 from __future__ import annotations

@@ -60,13 +60,6 @@ _WIDE_BIT = tl.constexpr(64)
 _MAX_GAP_BYTE = tl.constexpr(255)
 _INT64 = torch.int64
 
-
-def _pattern_bytes(bits: np.ndarray) -> int:
-    """The scratch bytes per value pattern for tensors of ``bits`` bits (2 at least): a
-    runtime size, so that no payload's dtypes compile another kernel variant."""
-    widest = int(bits.max()) if bits.size else 0
-    return next(size for size in (2, 4, 8) if widest <= 8 * size)
-
 # columns of the items table (one row per column, one entry per tensor): the sync's
 # counts and blocks, then where its change sets lie (change_table.ChangeTable.COLUMNS),
 # then what only the tensor set decides (FusedFlat._static)
@@ -141,8 +134,7 @@ def _block_at(block, BLOCK: tl.constexpr):
 
 @triton.jit(do_not_specialize=["segments", "patterns", "pattern_size", "kept"])
 def _stats(items, block_seg, segments, codes, patterns, pattern_size, out, kept,
-           BLOCK: tl.constexpr,
-           BINS: tl.constexpr):
+           BLOCK: tl.constexpr, BINS: tl.constexpr):
     block, seg, rank, valid, _ = _block(items, block_seg, segments, BLOCK)
     idx = _index(items, segments, seg, rank, valid)
     prev = tl.where(rank > 0, _index(items, segments, seg, rank - 1, valid & (rank > 0)), -1)
@@ -221,8 +213,9 @@ def _before(inclusive, counts, block, first, flags):
 def _write_indices(items, layout, segments, seg, words, rank, valid, has_next, idx, code,
                    inclusive, counts, block, first_block, any_escaped, BLOCK: tl.constexpr):
     """The index sections: raw index, gap byte, low bits or bitmap bit; then escaped gaps
-    (ranked from ``inclusive``, the prefix of the GAP8 escapes of each block, only in blocks that have
-    some: the ranks take a scan across the block's warps) or the Elias-Fano upper bits."""
+    (ranked from ``inclusive``, the prefix of the GAP8 escapes of each block, only in
+    blocks that have some: the ranks take a scan across the block's warps) or the
+    Elias-Fano upper bits."""
     enc = column(layout, _ENC, segments, seg)
     nxt = _index(items, segments, seg, rank + 1, has_next)
     prev = tl.where(rank > 0, _index(items, segments, seg, rank - 1, valid & (rank > 0)), -1)
@@ -281,8 +274,7 @@ def _write_values(items, layout, segments, seg, words, rank, valid, has_next, pa
 
 @triton.jit(do_not_specialize=["segments", "patterns", "pattern_size", "blocks"])
 def _write(items, layout, block_seg, segments, codes, patterns, pattern_size, counts, inclusive,
-           blocks, words,
-           BLOCK: tl.constexpr):
+           blocks, words, BLOCK: tl.constexpr):
     block, seg, rank, valid, count = _block(items, block_seg, segments, BLOCK)
     if column(layout, _ENC, segments, seg) >= 0:  # dense entries are copied in afterwards
         # the next element, in this block, tells each element whether its word's run ends
@@ -333,7 +325,7 @@ class FusedFlat:
         self.items = host_table(columns, device)
         self.block_seg = block_segments(self.items[_BLOCKS], self.blocks)
         self.codes = torch.empty(self.blocks * BLOCK, dtype=torch.uint8, device=device)
-        self.pattern_size = _pattern_bytes(known.bits[rows])
+        self.pattern_size = _pattern_bytes(columns[_BITS])
         self.patterns = torch.empty(self.blocks * BLOCK * self.pattern_size, dtype=torch.uint8,
                                     device=device)
 
@@ -377,11 +369,16 @@ class FusedFlat:
             with on_device(self.device):
                 _write[(self.blocks,)](self.items, layout.table, self.block_seg,
                                        self.segments, self.codes, self.patterns.data_ptr(),
-                                       self.pattern_size,
-                                       *self._escapes,
-                                       self.blocks, body, BLOCK=BLOCK, num_warps=WARPS)
+                                       self.pattern_size, *self._escapes, self.blocks, body,
+                                       BLOCK=BLOCK, num_warps=WARPS)
         return body[:words].view(torch.uint8)
 
+
+def _pattern_bytes(bits: np.ndarray) -> int:
+    """The scratch bytes per value pattern for tensors of ``bits`` bits (2 at least): a
+    runtime size, so that no payload's dtypes compile another kernel variant."""
+    widest = int(bits.max()) if bits.size else 0
+    return next(size for size in (2, 4, 8) if widest <= 8 * size)
 
 
 def _static(known: TensorSet) -> np.ndarray:

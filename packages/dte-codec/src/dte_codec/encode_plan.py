@@ -128,6 +128,7 @@ class IndexSizes:
         return IndexChoice(encoding, np.where(encoding == _ELIAS_FANO, self.low, 0),
                            np.where(gap, gap_escapes, 0))
 
+
 def choose_index_encodings(count: np.ndarray, numel: np.ndarray, *,
                            gap_escapes: np.ndarray) -> IndexChoice:
     """Per tensor, the smallest index encoding from sizes alone; ties go to INT32/INT64,
