@@ -25,6 +25,13 @@ one JSON object and Markdown rows for ``docs/benchmarks.md``.
     PYTHONPATH=packages/dte-codec/src:tools python3 tools/gpu/bench_codec_batched.py
     PYTHONPATH=packages/dte-codec/src:tools python3 tools/gpu/bench_codec_batched.py --smoke
 
+``--encoder-shape BLOCK WARPS`` and ``--decoder-block BLOCK`` set the fused kernels'
+program shapes for the run (the bytes and indices are checked all the same), so one device
+call can sweep them:
+
+    for s in "1024 16" "512 8" "256 4" "128 2"; do PYTHONPATH=packages/dte-codec/src:tools \
+        python3 tools/gpu/bench_codec_batched.py --encode-only --reps 5 --encoder-shape $s; done
+
 ``--encode-only`` times the fused encoder alone (the reference runs once, untimed, for the
 bytes check): run it with two trees' ``PYTHONPATH`` in one session for a before/after.
 ``--decode-only`` times the fused decoder alone on a device frame, its indices checked
@@ -82,6 +89,11 @@ def parse() -> argparse.Namespace:
                         "sets), e.g. to compare two trees in one run")
     p.add_argument("--payload", type=Path, default=None,
                    help="with --decode-only: the encoded delta's file, written if missing")
+    p.add_argument("--encoder-shape", type=int, nargs=2, metavar=("BLOCK", "WARPS"),
+                   default=None, help="the fused encoder's elements and warps per program "
+                   "(default: encode_kernel's), e.g. to sweep them in one run")
+    p.add_argument("--decoder-block", type=int, default=None,
+                   help="the fused decoder's elements per program (default: decode_kernel's)")
     args = p.parse_args()
     if args.smoke:
         args.layers, args.hidden, args.intermediate, args.vocab = 2, 64, 192, 1000
@@ -200,6 +212,12 @@ def measure(name: str, fn: Callable[[], object], a: argparse.Namespace,
 
 def main() -> None:
     a = parse()
+    if a.encoder_shape is not None:  # read by the encoder's host code at each call
+        from dte_codec import encode_kernel
+        encode_kernel.BLOCK, encode_kernel.WARPS = a.encoder_shape
+    if a.decoder_block is not None:
+        from dte_codec import decode_kernel
+        decode_kernel.BLOCK = a.decoder_block
     device = torch.device(a.device)
     weights, bases, changes = trajectory(a, device)
     changed = sum(c.indices.numel() for c in changes.values())
