@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import datetime
 import json
 import statistics
@@ -183,34 +184,11 @@ def stage_rows(config: ModelConfig, changed: float, reps: int, device: torch.dev
                profile_to: Path | None = None) -> dict:
     """Decode, stage and write of a delta and of a full version into one SGLang TP1 rank,
     reference against kernels, bitwise after every write."""
-    from areal_dte.shard_stage import ShardStage
-    from dte_detector import diff
-    source = megatron_shard(config, MegatronLayout(tp=1), rank=0)
-    shard = sglang_shard(config, SGLangLayout(tp=1), rank=0)
-    gen = torch.Generator(device=device).manual_seed(0)
-    old = {n: (torch.randn(spec.shape, generator=gen, device=device) * 0.05).to(spec.dtype)
-           for n, spec in source.tensors.items()}
-    new = {}
-    for n, t in old.items():
-        bits = t.view(torch.int16)
-        moved = torch.rand(t.shape, generator=gen, device=device) < changed
-        new[n] = torch.where(moved, bits ^ 1, bits).view(t.dtype)  # one ulp
-    local = {n: torch.zeros(spec.shape, dtype=spec.dtype, device=device)
-             for n, spec in shard.tensors.items()}
-    stage = ShardStage.of(source, shard, local)
-    expected = {}
-    for name, weights in (("old", old), ("new", new)):
-        with reference():
-            stage(local, decode(encode_full(weights, stream_id="s", version=1),
-                                device=device)).write()
-        expected[name] = {n: t.clone() for n, t in local.items()}
-    deltas = [encode_delta(b, {n: diff(a[n], b[n]) for n in b}, stream_id="s",
-                           base_version=v, version=v + 1)
-              for v, (a, b) in enumerate(((old, new), (new, old)), start=1)]
-    changed_elements = sum(int(diff(old[n], new[n]).indices.numel()) for n in old)
-    full = decode(encode_full(new, stream_id="s", version=9), device=device)
-    rows = {"tensors": len(old), "elements": sum(t.numel() for t in old.values()),
-            "changed_elements": changed_elements,
+    case = StageCase.of(config, changed, device)
+    stage, local, deltas, full, expected = (case.stage, case.local, case.deltas, case.full,
+                                            case.expected)
+    rows = {"tensors": len(case.old), "elements": sum(t.numel() for t in case.old.values()),
+            "changed_elements": case.changed_elements,
             "dense_copy_ms": _dense_copy_ms(local, reps, device)}
     for path, mode in (("before", _previous_path), ("after", contextlib.nullcontext)):
         rows[path] = _stage_path(stage, local, deltas, full, expected, mode, reps, device)
@@ -220,6 +198,60 @@ def stage_rows(config: ModelConfig, changed: float, reps: int, device: torch.dev
                 _profile(profile_to / f"stage_profile_{path}.txt", stage, local, deltas, full,
                          device)
     return rows
+
+
+@dataclasses.dataclass
+class StageCase:
+    """A Megatron TP1 trainer's weights, a delta flipping ``changed`` of their elements
+    by one ulp and its inverse, a full version, and one SGLang TP1 rank's local tensors
+    behind a ``ShardStage``, with the rank's expected bits after each version (a full
+    load by the reference)."""
+
+    source: object
+    shard: object
+    old: dict
+    local: dict
+    stage: object
+    deltas: list
+    full: object
+    expected: dict
+    changed_elements: int
+
+    @classmethod
+    def of(cls, config: ModelConfig, changed: float, device: torch.device) -> StageCase:
+        from areal_dte.shard_stage import ShardStage
+        from dte_detector import diff
+        source = megatron_shard(config, MegatronLayout(tp=1), rank=0)
+        shard = sglang_shard(config, SGLangLayout(tp=1), rank=0)
+        gen = torch.Generator(device=device).manual_seed(0)
+        old = {n: (torch.randn(spec.shape, generator=gen, device=device) * 0.05).to(spec.dtype)
+               for n, spec in source.tensors.items()}
+        new = {}
+        for n, t in old.items():
+            bits = t.view(torch.int16)
+            moved = torch.rand(t.shape, generator=gen, device=device) < changed
+            new[n] = torch.where(moved, bits ^ 1, bits).view(t.dtype)  # one ulp
+        local = {n: torch.zeros(spec.shape, dtype=spec.dtype, device=device)
+                 for n, spec in shard.tensors.items()}
+        stage = ShardStage.of(source, shard, local)
+        expected = {}
+        for name, weights in (("old", old), ("new", new)):
+            with reference():
+                stage(local, decode(encode_full(weights, stream_id="s", version=1),
+                                    device=device)).write()
+            expected[name] = {n: t.clone() for n, t in local.items()}
+        deltas = [encode_delta(b, {n: diff(a[n], b[n]) for n in b}, stream_id="s",
+                               base_version=v, version=v + 1)
+                  for v, (a, b) in enumerate(((old, new), (new, old)), start=1)]
+        changed_elements = sum(int(diff(old[n], new[n]).indices.numel()) for n in old)
+        full = decode(encode_full(new, stream_id="s", version=9), device=device)
+        return cls(source, shard, old, local, stage, deltas, full, expected, changed_elements)
+
+    def fresh_stage(self) -> None:
+        """A new stage over the same layouts and local tensors (nothing kept from before,
+        e.g. after kernel constants changed); the local tensors hold ``old``'s bits."""
+        from areal_dte.shard_stage import ShardStage
+        self.stage = ShardStage.of(self.source, self.shard, self.local)
 
 
 def _profile(path: Path, stage, local, deltas, full, device) -> None:

@@ -4,9 +4,11 @@ For each candidate ``ROWSxWARPSxWAVES`` (rows of 8 elements per tile, warps per 
 programs per multiprocessor) this sets the constants of ``inversion_kernel`` and
 ``cast_kernel``, then times ``invert_adamw_all`` and ``CastDetector.record_and_copy_all``
 over the trajectory of ``tools/gpu/bench_kernels.py`` (``--numel`` elements in tensors of
-``--tensor-numel``), as a fraction of the copy bandwidth measured in the same run. Every
-candidate's change sets (and the cast's model bits) must equal the first candidate's bit
-for bit; the script exits 1 otherwise. Prints one Markdown row per candidate and kernel.
+``--tensor-numel``), wall time (CUDA events) and summed device time (torch.profiler,
+``bench_kernels.device_ms``), each as a fraction of the copy bandwidth measured in the
+same run over the kernel's minimal bytes. Every candidate's change sets (and the cast's
+model bits) must equal the first candidate's bit for bit; the script exits 1 otherwise.
+Prints one Markdown row per candidate and kernel.
 
 Run (GPU machine, from the repository root):
     PYTHONPATH=packages/dte-detector/src:packages/dte-codec/src:tools:tools/gpu \\
@@ -20,8 +22,8 @@ import datetime
 import sys
 
 import torch
-from bench_kernels import (CAST_BYTES, INVERSION_BYTES, CastRun, copy_bandwidth, invert_batched,
-                           median_ms, same, split, trajectory)
+from bench_kernels import (CAST_BYTES, INVERSION_BYTES, CastRun, copy_bandwidth, device_ms,
+                           invert_batched, median_ms, same, split, trajectory)
 from provenance import git_sha, machine
 
 from dte_detector import cast_kernel, inversion_kernel
@@ -48,8 +50,8 @@ def main() -> int:
     meta = (f"| {datetime.date.today().isoformat()} | `{args.sha or git_sha()}` "
             f"| {machine('cuda')} | `python3 tools/gpu/tune_kernels.py {' '.join(sys.argv[1:])}` ")
     print("| date | sha | machine | command | kernel | rows x warps x waves | numel | ms "
-          "| of copy | == first |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+          "| of copy | device ms | of copy (device) | == first |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     first = None
     bad = False
     for candidate in args.candidates:
@@ -59,18 +61,22 @@ def main() -> int:
         inverted = invert_batched(states)
         inversion_ms = median_ms(lambda: invert_batched(states), reps=args.reps,
                                  warmup=args.warmup)
+        inversion_device = device_ms(lambda: invert_batched(states), reps=args.reps)
         cast = CastRun(states, old, batched=True)
         cast_ms = median_ms(cast, reps=args.reps, warmup=args.warmup, reset=cast.reset)
+        cast_device = device_ms(cast, reps=args.reps, reset=cast.reset)
         results = (inverted, cast.changes(), cast.model_bits())
         if first is None:
             first = results
         equal = (same(first[0], results[0]) and same(first[1], results[1])
                  and all(torch.equal(a, b) for a, b in zip(first[2], results[2])))
         bad |= not equal
-        for kernel, ms, minimal in (("inversion", inversion_ms, INVERSION_BYTES),
-                                    ("cast", cast_ms, CAST_BYTES)):
+        for kernel, ms, device, minimal in (
+                ("inversion", inversion_ms, inversion_device, INVERSION_BYTES),
+                ("cast", cast_ms, cast_device, CAST_BYTES)):
             print(f"{meta}| {kernel} | {candidate} | {numel:.3g} | {ms:.2f} "
-                  f"| {minimal * numel / ms / bandwidth:.0%} | {'yes' if equal else 'NO'} |",
+                  f"| {minimal * numel / ms / bandwidth:.0%} | {device:.2f} "
+                  f"| {minimal * numel / device / bandwidth:.0%} | {'yes' if equal else 'NO'} |",
                   flush=True)
         del cast, results, inverted
     return 1 if bad else 0
