@@ -417,8 +417,7 @@ if importlib.util.find_spec("triton") is not None:
     import triton
     import triton.language as tl
 
-    from dte_codec.kernel_bits import (load_int, load_uniform, put_fields, put_packed,
-                                       store_int, store_uniform)
+    from dte_codec.kernel_bits import load_int, load_uniform, put_fields, put_packed, store_uniform
 
     @triton.jit
     def _loads(address, out, size, n, BLOCK: tl.constexpr):
@@ -432,7 +431,7 @@ if importlib.util.find_spec("triton") is not None:
         k = tl.arange(0, BLOCK)
         width = tl.load(size)
         value = tl.load(values + k)
-        store_int(first, k, value, width, k < n)
+        store_uniform(first, k, value, width, k < n)  # one address
         store_uniform(second + k * 0, k, value, width, k < n)  # an address per element
 
     @triton.jit
@@ -551,10 +550,10 @@ def test_load_uniform_reads_what_load_int_reads(dtype):
 
 
 @pytest.mark.parametrize("dtype", [torch.uint8, torch.int16, torch.int32, torch.int64])
-def test_store_uniform_writes_what_store_int_writes(dtype):
-    """Items of 1, 2, 4 and 8 bytes from int64 values beyond their range (their low bytes
-    stored), one address per element, masked-off lanes left alone: the one-branch store
-    writes store_int's items."""
+def test_store_uniform_writes_the_low_bytes(dtype):
+    """Items of 1, 2, 4 and 8 bytes from int64 values beyond their range: their low bytes
+    stored, through one address or one address per element, masked-off lanes left
+    alone."""
     values = torch.tensor([-(1 << 40) - 3, -1, 0, 1, (1 << 40) + 255, 9, 9, 9])
     first = torch.full((8,), 5, dtype=dtype, device=DEVICE)
     second = first.clone()

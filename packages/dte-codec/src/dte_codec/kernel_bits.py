@@ -127,7 +127,9 @@ def load_uniform(address, at, size, mask):
 
 @triton.jit
 def store_uniform(address, at, value, size, mask):
-    """``store_int`` where ``size`` is a scalar, as ``load_uniform``: one store."""
+    """Store the low ``size`` bytes of int64 ``value`` as element ``at`` of the tensor at
+    ``address`` (``size`` 1, 2, 4 or 8, a scalar; ``address`` a scalar or one per element):
+    a branch on the size, the same in every thread, runs one store."""
     if size == 1:
         tl.store(address.to(tl.pointer_type(tl.uint8)) + at, value.to(tl.uint8), mask=mask)
     elif size == 2:
@@ -136,19 +138,6 @@ def store_uniform(address, at, value, size, mask):
         tl.store(address.to(tl.pointer_type(tl.int32)) + at, value.to(tl.int32), mask=mask)
     else:
         tl.store(address.to(tl.pointer_type(tl.int64)) + at, value, mask=mask)
-
-
-@triton.jit
-def store_int(address, at, value, size, mask):
-    """Store the low ``size`` bytes of int64 ``value`` as element ``at`` of the tensor at
-    ``address`` (``size`` 1, 2, 4 or 8; both may be scalars, as in ``load_int``)."""
-    tl.store(address.to(tl.pointer_type(tl.uint8)) + at, value.to(tl.uint8),
-             mask=tl.where(size == 1, mask, False))
-    tl.store(address.to(tl.pointer_type(tl.int16)) + at, value.to(tl.int16),
-             mask=tl.where(size == 2, mask, False))
-    tl.store(address.to(tl.pointer_type(tl.int32)) + at, value.to(tl.int32),
-             mask=tl.where(size == 4, mask, False))
-    tl.store(address.to(tl.pointer_type(tl.int64)) + at, value, mask=tl.where(size == 8, mask, False))
 
 
 @triton.jit

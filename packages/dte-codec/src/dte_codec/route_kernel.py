@@ -6,15 +6,15 @@ The flat space is the payload's sparse entries back to back, each on whole block
 ``indices[e][r]`` of its source tensor), so a program reads its entry from a block ->
 entry table (``fields.block_segments``: one load, no search, no compile-time entry count).
 Per entry the ``entries`` table holds the address and item size of its index tensor, its
-source shape (right-aligned strides and sizes) and its run of transfers in the
+source shape (sizes, right-aligned) and its run of transfers in the
 ``transfers`` table; per transfer: its target tensor, its source box per dimension and
 the affine map to the target's flat index (``remap._affine``). An entry whose transfers
 split its tensor along one dimension has a lookup (``routes.Routes``): its element reads
 its transfer there; the others compare the element with each of their boxes. ``_route`` writes per
-element the target tensor (-1: no local piece holds it) and the target flat index, and
-counts indices outside their tensor and elements that two transfers reach (the caller
-falls back to the reference for both). ``_move`` gathers the targets' values at the
-routes into per-entry value buffers (0 where unrouted: the +0.0 base) or scatters them.
+element the byte address of its target element (0: no local piece holds it) and reads the
+value there into the entry's value buffer (0 where unrouted: the +0.0 base), and counts
+indices outside their tensor and elements that two transfers reach (the caller falls
+back to the reference for both). ``_move`` writes values at those addresses.
 """
 
 from __future__ import annotations
@@ -25,7 +25,8 @@ import triton.language as tl
 from .kernel_bits import column, load_uniform, owned_block, store_uniform
 
 BLOCK = 1024
-# columns of the per-entry table (then the strides and the sizes of the source shape, then
+WARPS = 4
+# columns of the per-entry table (then the sizes of the source shape, then
 # its element count and blocks)
 FIRST_BLOCK, INDEX_AT, INDEX_SIZE, NUMEL, FIRST, COUNT, ITEMSIZE, LOOKUP_AT, LOOKUP_DIM, SHAPE = (
     tl.constexpr(c) for c in range(10))
@@ -33,7 +34,7 @@ FIRST_BLOCK, INDEX_AT, INDEX_SIZE, NUMEL, FIRST, COUNT, ITEMSIZE, LOOKUP_AT, LOO
 TENSOR, SHIFT, AFFINE = (tl.constexpr(c) for c in range(3))
 DIMS = tl.constexpr(3)
 """Source dimensions a route reads (shapes right-aligned to three)."""
-ELEMENTS = tl.constexpr(SHAPE + 2 * DIMS)
+ELEMENTS = tl.constexpr(SHAPE + DIMS)
 BLOCKS = ELEMENTS.value + 1  # host-only
 # the flags ``_route`` counts
 OUT_OF_RANGE, TWICE = (tl.constexpr(c) for c in range(2))
@@ -45,17 +46,18 @@ def _entry(entries, c, segments, seg):
 
 
 @triton.jit
-def _coordinate(entries, segments, seg, index, d: tl.constexpr, NARROW: tl.constexpr):
-    """The element's coordinate in right-aligned dimension ``d`` of its source shape
-    (32-bit division, and an int32 result, where every source tensor has fewer than 2**31
-    elements)."""
-    stride = _entry(entries, SHAPE + d, segments, seg)
-    size = _entry(entries, SHAPE + DIMS + d, segments, seg)
+def _coordinates(entries, segments, seg, index, NARROW: tl.constexpr):
+    """The element's coordinates in its source shape, contiguous and right-aligned to three
+    dimensions: two divisions, where a stride and a size per dimension took six (32-bit,
+    and int32 results, where every source tensor has fewer than 2**31 elements). Only
+    an index inside its tensor gets its coordinates; the callers mask the others."""
+    middle = _entry(entries, SHAPE + 1, segments, seg)
+    inner = _entry(entries, SHAPE + 2, segments, seg)
     if NARROW:
-        coord = (index.to(tl.int32) // stride.to(tl.int32)) % size.to(tl.int32)
-    else:
-        coord = (index // stride) % size
-    return coord
+        index, middle, inner = index.to(tl.int32), middle.to(tl.int32), inner.to(tl.int32)
+    rows = index // inner
+    outer = rows // middle
+    return outer, rows - outer * middle, index - rows * inner
 
 
 @triton.jit
@@ -86,8 +88,8 @@ def _entry_block(entries, block_seg, segments, BLOCK: tl.constexpr):
 
 
 @triton.jit(do_not_specialize=["segments", "transfers"])
-def _route(entries, block_seg, segments, table, transfers, lookup, tensor_out, flat_out, flags,
-           NARROW: tl.constexpr, BLOCK: tl.constexpr):
+def _route(entries, block_seg, segments, table, transfers, lookup, tensors, values_at,
+           address_out, flags, NARROW: tl.constexpr, BLOCK: tl.constexpr):
     # the entry's numbers are the block's scalars: per-element copies of them took loads,
     # registers and occupancy (this kernel's time)
     seg, rank, k, valid = _entry_block(entries, block_seg, segments, BLOCK)
@@ -95,9 +97,7 @@ def _route(entries, block_seg, segments, table, transfers, lookup, tensor_out, f
                          _entry(entries, INDEX_SIZE, segments, seg), valid)
     held = valid & (index >= 0) & (index < _entry(entries, NUMEL, segments, seg))
     # the coordinates once; the transfers then compare and add
-    c0 = _coordinate(entries, segments, seg, index, 0, NARROW)
-    c1 = _coordinate(entries, segments, seg, index, 1, NARROW)
-    c2 = _coordinate(entries, segments, seg, index, 2, NARROW)
+    c0, c1, c2 = _coordinates(entries, segments, seg, index, NARROW)
     lookup_at = _entry(entries, LOOKUP_AT, segments, seg)
     target = tl.full([BLOCK], -1, tl.int32)
     flat = tl.zeros([BLOCK], tl.int64)
@@ -119,42 +119,49 @@ def _route(entries, block_seg, segments, table, transfers, lookup, tensor_out, f
         for t in range(_entry(entries, COUNT, segments, seg)):
             box = first + t
             inside = (held & _inside(table, transfers, box, 0, c0)
-                      & _inside(table, transfers, box, 1, c1) & _inside(table, transfers, box, 2, c2))
+                      & _inside(table, transfers, box, 1, c1)
+                      & _inside(table, transfers, box, 2, c2))
             hits += inside.to(tl.int32)
             target = tl.where(inside, tl.load(table + TENSOR * transfers + box).to(tl.int32),
                               target)
             flat = tl.where(inside, _affine_at(table, transfers, box, c0, c1, c2, box >= 0), flat)
-    tl.store(tensor_out + k, target, mask=valid)
-    tl.store(flat_out + k, flat, mask=valid)
+    # one address per element, where a tensor number and a flat index took 12 bytes and a
+    # second dependent load in each later pass
+    size = _entry(entries, ITEMSIZE, segments, seg)
+    routed = target >= 0
+    address = tl.where(routed, tl.load(tensors + tl.maximum(target, 0), mask=routed, other=0)
+                       + flat * size, 0)
+    tl.store(address_out + k, address, mask=valid)
+    # the values there now, while the routes are in registers: the base of the residues
+    # and the write's undo log
+    store_uniform(tl.load(values_at + seg), rank, load_uniform(address, rank * 0, size, routed),
+                  size, valid)
     tl.atomic_add(flags + OUT_OF_RANGE, tl.sum((valid & ~held).to(tl.int64), 0))
     tl.atomic_add(flags + TWICE, tl.sum((hits > 1).to(tl.int64), 0))
 
 
 @triton.jit(do_not_specialize=["segments"])
-def _move(entries, block_seg, segments, addresses, tensor_of, flat_of, tensors,
-          BLOCK: tl.constexpr, TO_VALUES: tl.constexpr):
+def _move(entries, block_seg, segments, values_at, address_of, BLOCK: tl.constexpr):
     seg, rank, k, valid = _entry_block(entries, block_seg, segments, BLOCK)
     size = _entry(entries, ITEMSIZE, segments, seg)
-    values = tl.load(addresses + seg)
-    tensor = tl.load(tensor_of + k, mask=valid, other=-1)
-    routed = valid & (tensor >= 0)
-    index = tl.load(flat_of + k, mask=routed, other=0)
-    address = tl.load(tensors + tl.maximum(tensor, 0), mask=routed, other=0)
-    if TO_VALUES:
-        store_uniform(values, rank, load_uniform(address, index, size, routed), size, valid)
-    else:
-        store_uniform(address, index, load_uniform(values, rank, size, routed), size, routed)
+    address = tl.load(address_of + k, mask=valid, other=0)
+    routed = valid & (address != 0)
+    store_uniform(address, rank * 0, load_uniform(tl.load(values_at + seg), rank, size, routed),
+                  size, routed)
 
 
-def route(entries, block_seg, segments: int, table, lookup, tensor_out, flat_out, flags, *,
-          narrow: bool) -> None:
-    """Launch ``_route`` over the blocks of ``block_seg`` (``segments`` entries)."""
+def route(entries, block_seg, segments: int, table, lookup, tensors, values_at, address_out,
+          flags, *, narrow: bool) -> None:
+    """Launch ``_route`` over the blocks of ``block_seg`` (``segments`` entries): each
+    element's target address into ``address_out``, the values there into the buffers at
+    ``values_at`` (per entry)."""
     _route[(block_seg.numel(),)](entries, block_seg, segments, table, table.shape[1], lookup,
-                                 tensor_out, flat_out, flags, NARROW=narrow, BLOCK=BLOCK)
+                                 tensors, values_at, address_out, flags, NARROW=narrow,
+                                 BLOCK=BLOCK, num_warps=WARPS)
 
 
-def move(entries, block_seg, segments: int, addresses, tensor_of, flat_of, tensors, *,
-         to_values: bool) -> None:
-    """Launch ``_move`` over the blocks of ``block_seg`` (``segments`` entries)."""
-    _move[(block_seg.numel(),)](entries, block_seg, segments, addresses, tensor_of, flat_of,
-                                tensors, BLOCK=BLOCK, TO_VALUES=to_values)
+def move(entries, block_seg, segments: int, values_at, address_of) -> None:
+    """Launch ``_move`` over the blocks of ``block_seg`` (``segments`` entries): the values
+    at ``values_at`` (per entry) written at the addresses ``address_of``."""
+    _move[(block_seg.numel(),)](entries, block_seg, segments, values_at, address_of,
+                                BLOCK=BLOCK, num_warps=WARPS)

@@ -5,10 +5,10 @@ computed on the device, with no per-tensor work on the host.
 ``geometry.plan`` in one device table, and per source tensor its run of transfers and its
 shape. Per payload, ``stage_routed`` then costs a fixed number of launches whatever the
 number of entries (``route_kernel``): one routes every changed element to its target
-tensor and flat index (a lookup by coordinate where the transfers split the tensor along
-one dimension), one gathers the base values there (+0.0 where this shard holds no
-piece), residues resolve against them (``flat_values``), and the write is one scatter
-whose undo log is that gather. It reads back one small summary (one host
+element's address (a lookup by coordinate where the transfers split the tensor along one
+dimension) and gathers the base values there (+0.0 where this shard holds no piece),
+residues resolve against them (``flat_values``), and the write is one scatter whose undo
+log is that gather. It reads back one small summary (one host
 synchronization) and gives way to the reference (``batched_remap.remap_all`` per
 target) for anything unusual, so the reference raises its errors: an index outside its
 tensor, an element that two local pieces hold, a residue that does not resolve.
@@ -33,7 +33,7 @@ from .flat_decode import IS_SPARSE, VALUE_SECTIONS
 from .geometry import Transfer
 from .flat_values import Residues
 from .header import Entry, ValueEncoding
-from .remap import _affine, _check_boxes, _strides
+from .remap import _affine, _check_boxes
 
 if TYPE_CHECKING:
     from .decode import Flat, QueuedChecks
@@ -53,7 +53,6 @@ class _Source:
     first: int
     count: int
     numel: int
-    strides: tuple[int, ...]
     sizes: tuple[int, ...]
     lookup_at: int = -1
     lookup_dim: int = 0
@@ -119,9 +118,8 @@ class Routes:
                 at, looked_up = looked_up, looked_up + sizes[split]
                 lookup.append(_lookup(sizes[split], [b[0][split] for b in boxes],
                                       [b[1][split] for b in boxes], len(rows[0])))
-            sources[name] = _Source(len(rows[0]), len(ts), math.prod(shape),
-                                    (1,) * pad + tuple(_strides(shape)), sizes,
-                                    at, split or 0)
+            sources[name] = _Source(len(rows[0]), len(ts), math.prod(shape), sizes, at,
+                                    split or 0)
             for t, (start, size) in zip(ts, boxes):
                 shift, weights = _affine(t)
                 rows[0].append(ids[t.target_tensor])
@@ -151,7 +149,7 @@ class Routes:
         for name in missing:
             s = self.sources[name]
             rows[name] = np.array([s.numel, s.first, s.count, 0, s.lookup_at, s.lookup_dim,
-                                   *s.strides, *s.sizes], dtype=np.int64)
+                                   *s.sizes], dtype=np.int64)
         columns = np.stack([rows[name] for name in names], axis=1)
         self._columns.clear()
         self._columns[names] = columns
@@ -287,9 +285,9 @@ def stage_routed(routes: Routes, weights: Mapping[str, torch.Tensor],
     if moves.total:
         with on_device(device):
             kernel.route(moves.entries, moves.block_seg, len(sparse.names), routes.table,
-                         routes.lookup, moves.tensor_of, moves.flat_of, moves.flags,
-                         narrow=routes.narrow)
-    gathered = moves.gather()
+                         routes.lookup, moves.tensors, moves.gathered_at, moves.address_of,
+                         moves.flags, narrow=routes.narrow)
+    gathered = moves.gathered
     new_at = sparse.value_at[0].copy()  # raw values are sent as they are
     keep = sparse.keep
     residue = np.flatnonzero(encodings == ValueEncoding.RESIDUE)
@@ -320,8 +318,8 @@ def stage_routed(routes: Routes, weights: Mapping[str, torch.Tensor],
 
 @attrs.frozen
 class _Moves:
-    """One payload's routes: the per-entry table, and per element its target tensor and
-    flat index (each entry on whole kernel blocks); values travel in byte buffers laid entry
+    """One payload's routes: the per-entry table, and per element its target element's
+    address (each entry on whole kernel blocks); values travel in byte buffers laid entry
     by entry from word bounds."""
 
     entries: torch.Tensor
@@ -330,12 +328,12 @@ class _Moves:
     """``route_kernel``'s flag counts, zeroed (copied with the table)."""
     tensors: torch.Tensor
     targets: tuple[torch.Tensor, ...]
-    tensor_of: torch.Tensor
-    flat_of: torch.Tensor
+    address_of: torch.Tensor
     offsets: np.ndarray
     total: int
     gathered: torch.Tensor
-    """The byte buffer ``gather`` fills, entry ``e`` from byte ``offsets[e]``."""
+    """The byte buffer the routing fills with the targets' values, entry ``e`` from byte
+    ``offsets[e]``."""
     gathered_at: torch.Tensor
     """Per entry, the device address of its values in ``gathered``."""
 
@@ -361,33 +359,23 @@ class _Moves:
                    flags=flags,
                    tensors=targets,
                    targets=tuple(weights[name] for name in routes.tensors),
-                   tensor_of=torch.empty(total_blocks * BLOCK, dtype=torch.int32, device=device),
-                   flat_of=torch.empty(total_blocks * BLOCK, dtype=torch.int64, device=device),
+                   address_of=torch.empty(total_blocks * BLOCK, dtype=torch.int64,
+                                          device=device),
                    offsets=offsets, total=int(counts.sum()), gathered=gathered,
                    gathered_at=gathered_at[0])
-
-    def gather(self) -> torch.Tensor:
-        """The targets' values at the routes (+0.0 where unrouted), as one byte buffer,
-        entry ``e`` from byte ``offsets[e]``: ``gathered``, filled."""
-        self._launch(self.gathered_at, to_values=True)
-        return self.gathered
 
     def scatter(self, addresses: np.ndarray | torch.Tensor) -> None:
         """Write per entry the values at ``addresses`` (on the device; a host array, or
         a device table of them) at its routed elements."""
-        if isinstance(addresses, np.ndarray) and self.total:
-            addresses = host_table(addresses[None], self.tensor_of.device)[0]
-        self._launch(addresses, to_values=False)
+        if self.total:
+            from . import route_kernel as kernel
+            if isinstance(addresses, np.ndarray):
+                addresses = host_table(addresses[None], self.address_of.device)[0]
+            with on_device(self.address_of.device):
+                kernel.move(self.entries, self.block_seg, self.offsets.size, addresses,
+                            self.address_of)
         # written through addresses: tell autograd, as an in-place torch write would
         torch.autograd.graph.increment_version(list(self.targets))
-
-    def _launch(self, addresses: torch.Tensor, *, to_values: bool) -> None:
-        if not self.total:
-            return
-        from . import route_kernel as kernel
-        with on_device(self.tensor_of.device):
-            kernel.move(self.entries, self.block_seg, self.offsets.size, addresses,
-                        self.tensor_of, self.flat_of, self.tensors, to_values=to_values)
 
 
 @attrs.frozen

@@ -23,7 +23,7 @@ import triton.language as tl
 
 from .dispatch import on_device
 from .fields import block_segments, host_table
-from .kernel_bits import column, load_int, owned_block, store_int
+from .kernel_bits import column, load_uniform, owned_block, store_uniform
 
 BLOCK = 1024
 _INT64 = torch.int64
@@ -46,9 +46,9 @@ def _move(table, block_seg, segments, BLOCK: tl.constexpr, TO_FLAT: tl.constexpr
     target = column(table, _TARGET_AT, segments, seg)
     at = column(table, _FLAT_AT, segments, seg)
     if TO_FLAT:
-        store_int(at, rank, load_int(target, index, size, valid), size, valid)
+        store_uniform(at, rank, load_uniform(target, index, size, valid), size, valid)
     else:
-        store_int(target, index, load_int(at, rank, size, valid), size, valid)
+        store_uniform(target, index, load_uniform(at, rank, size, valid), size, valid)
 
 
 class FlatEntries:

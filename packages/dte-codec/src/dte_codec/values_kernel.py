@@ -25,10 +25,11 @@ from .dispatch import on_device
 from .fields import block_segments, host_table
 from .flat_values import Residues, Resolved
 from .header import Entry, index_itemsizes
-from .kernel_bits import (column, flags_before, from_order_key, get_fields, load_int, order_key,
-                          owned_block, store_int, width_mask)
+from .kernel_bits import (column, flags_before, from_order_key, get_fields, load_uniform,
+                          order_key, owned_block, store_uniform, width_mask)
 
 BLOCK = 1024
+WARPS = 4
 _INT64 = torch.int64
 _FIRST_BLOCK = tl.constexpr(0)
 _ESCAPE_START = tl.constexpr(1)
@@ -62,8 +63,8 @@ def _escaped(table, block_seg, segments, marks, counts, BLOCK: tl.constexpr):
     _, seg, rank, valid = _entry_block(table, block_seg, segments, _ESCAPE_FIRST_BLOCK,
                                        _ESCAPES, BLOCK)
     count = column(table, _COUNT, segments, seg)
-    position = load_int(column(table, _POSITIONS_AT, segments, seg), rank,
-                        column(table, _POSITION_SIZE, segments, seg), valid)
+    position = load_uniform(column(table, _POSITIONS_AT, segments, seg), rank,
+                            column(table, _POSITION_SIZE, segments, seg), valid)
     # decode validated the positions; clamping keeps a forged payload off device faults
     position = tl.minimum(tl.maximum(position, 0), count - 1)
     at = column(table, _FIRST_BLOCK, segments, seg) * BLOCK + position
@@ -73,8 +74,8 @@ def _escaped(table, block_seg, segments, marks, counts, BLOCK: tl.constexpr):
     # payload that fails that check is refused whatever was resolved)
     tl.atomic_add(counts + at // BLOCK, 1, mask=valid, sem="relaxed")
     size = column(table, _SIZE, segments, seg)
-    raw = load_int(column(table, _RAW_AT, segments, seg), rank, size, valid)
-    store_int(column(table, _OUT_AT, segments, seg), position, raw, size, valid)
+    raw = load_uniform(column(table, _RAW_AT, segments, seg), rank, size, valid)
+    store_uniform(column(table, _OUT_AT, segments, seg), position, raw, size, valid)
 
 
 @triton.jit(do_not_specialize=["segments"])
@@ -91,7 +92,7 @@ def _resolve(table, block_seg, segments, marks, before, failures, BLOCK: tl.cons
     fields = column(table, _FIELDS_AT, segments, seg).to(tl.pointer_type(tl.int64))
     residue = get_fields(fields, (rank - ahead) * width, tl.where(sent, width, 0),
                          column(table, _FIELDS_LAST, segments, seg))
-    base = load_int(column(table, _BASE_AT, segments, seg), rank, size, sent) & width_mask(bits)
+    base = load_uniform(column(table, _BASE_AT, segments, seg), rank, size, sent) & width_mask(bits)
     base_key = order_key(base, bits)
     diff = (residue - base_key) & width_mask(width)
     half = (width * 0 + 1) << (width - 1)
@@ -99,7 +100,7 @@ def _resolve(table, block_seg, segments, marks, before, failures, BLOCK: tl.cons
     wrong = sent & ((key < 0) | (key > width_mask(bits)))
     tl.store(failures + block, tl.sum(wrong.to(tl.int64)))
     new = from_order_key(key & width_mask(bits), bits)
-    store_int(column(table, _OUT_AT, segments, seg), rank, new, size, sent)
+    store_uniform(column(table, _OUT_AT, segments, seg), rank, new, size, sent)
 
 
 def resolve(entries: Sequence[Entry], sections: Sequence[tuple[torch.Tensor, ...]],
@@ -136,11 +137,11 @@ def _resolve_all(r: Residues, device: torch.device) -> Resolved:
     if total_escape_blocks:
         _escaped[(total_escape_blocks,)](
             table, block_segments(table[_ESCAPE_BLOCKS], total_escape_blocks), segments, marks,
-            counts_per_block, BLOCK=BLOCK)
+            counts_per_block, BLOCK=BLOCK, num_warps=WARPS)
     before = torch.cumsum(counts_per_block, 0) - counts_per_block
     failures = torch.zeros(total_blocks, dtype=_INT64, device=device)
     _resolve[(total_blocks,)](table, block_segments(table[_BLOCKS], total_blocks), segments,
-                              marks, before, failures, BLOCK=BLOCK)
+                              marks, before, failures, BLOCK=BLOCK, num_warps=WARPS)
     return Resolved(out, offsets, failures.sum())
 
 

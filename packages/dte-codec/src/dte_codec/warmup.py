@@ -8,7 +8,7 @@ dtype: a full payload (body digest) decoded and applied, written box by box into
 fused local tensor (box copies of every item size and of strided rows), then a delta
 with every index encoding and residues with escapes (the encoder, the decoder with its
 stream pass, residues, the undo gather and scatter), also staged through a shard's
-routes (route, gather and scatter moves). Counts, sizes and table shapes are runtime
+routes (the route, which gathers, and the scatter). Counts, sizes and table shapes are runtime
 arguments of every kernel, so a real model's sync reuses these compilations; tensors of
 2**31 or more elements (64-bit route coordinates) are the one variant left to compile on
 first use.
