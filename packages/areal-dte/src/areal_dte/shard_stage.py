@@ -12,8 +12,8 @@ pieces:
 - the flat indices of every sparse entry are routed to the local tensors together: where
   the kernels run by ``dte_codec.routes`` (the plan kept as device tables, built on the
   first payload), otherwise, and for any payload the routes give way on, by one
-  ``dte_codec.batched_remap.remap_all`` (``sparse_reference``); residues resolve against the local values
-  there, on a GPU all entries at once;
+  ``dte_codec.batched_remap.remap_all`` (``sparse_reference``); residues resolve against
+  the local values there, on a GPU all entries at once;
 - a dense or box entry is cut into the boxes of the local tensors it overlaps (computed
   once per tensor and box); where the kernels run, every box of a full version is
   written by ``dte_codec.box_copy`` (one launch per item size). A full payload's fit
@@ -35,7 +35,7 @@ import attrs
 import torch
 from dte_codec import Kind, Payload
 from dte_codec.apply import Prepared, Staged
-from dte_codec.box_copy import CopyPlan, Cut, StagedCopies
+from dte_codec.box_copy import PLANS, CopyPlan, Cut, StagedCopies
 from dte_codec.dispatch import fused
 from dte_codec.errors import GeometryError
 from dte_codec.fields import WORD_BYTES
@@ -47,9 +47,6 @@ from dte_codec.routes import Routes, StagedRoutes, stage_routed
 from dte_codec.sparse_entries import SparseEntries
 
 from .sparse_reference import stage_sparse
-
-_PLANS = 4
-"""Copy plans kept per stage: a sender brings one set of boxes per full version."""
 
 
 @attrs.frozen
@@ -75,7 +72,9 @@ class ShardStage:
     _plans: _Recent = attrs.field(factory=lambda: _Recent(), init=False, eq=False,
                                   repr=False)
     """The copy plans (or None: the reference copies) of the last few sets of box
-    entries of full versions, by table, regions, device and alignment."""
+    entries of full versions, by table, regions, device and alignment. Not
+    ``box_copy.copies_by_name``'s cache: these plans cut the sender's boxes across the
+    shard's pieces (``_cuts``), and they are dropped with the local layout (``_local``)."""
     _fitted: _Recent = attrs.field(factory=lambda: _Recent(), init=False, eq=False,
                                    repr=False)
     """The tables and regions of the last few full payloads, and the table skeletons of
@@ -327,7 +326,7 @@ _MISSING = object()
 
 @attrs.define
 class _Recent:
-    """The values of the last ``_PLANS`` keys (tuples), the oldest leaving first. The
+    """The values of the last ``PLANS`` keys (tuples), the oldest leaving first. The
     last key found is also matched by the identity of its parts, hashing nothing: a
     stream's full versions decode to the same table and regions objects every time."""
 
@@ -346,7 +345,7 @@ class _Recent:
 
     def put(self, key: tuple, value: object) -> None:
         self._items[key] = value
-        if len(self._items) > _PLANS:
+        if len(self._items) > PLANS:
             self._items.pop(next(iter(self._items)))
         self._last = (key, value)
 

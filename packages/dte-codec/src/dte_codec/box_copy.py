@@ -139,7 +139,8 @@ class StagedCopies:
 
 
 PLANS = 4
-"""Plans kept for ``copies_by_name``: a receiver gets the same boxes every full version."""
+"""Copy plans kept per cache (``copies_by_name``'s, a ``ShardStage``'s): a receiver gets
+the same boxes every full version."""
 
 
 def copies_by_name(weights: Mapping[str, torch.Tensor],
