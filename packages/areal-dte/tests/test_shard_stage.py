@@ -1,6 +1,6 @@
 """ShardStage: Hugging Face-named (or Megatron-layout) payloads applied into the fused,
-sharded tensors of SGLang ranks, checked against ``materialize`` of the new canonical weights (which reads
-the layout's pieces, not the stage's plan)."""
+sharded tensors of SGLang ranks, checked against ``materialize`` of the new canonical
+weights (which reads the layout's pieces, not the stage's plan)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,10 @@ import pytest
 import torch
 from areal_dte.shard_stage import ShardStage
 from bitwise import first_difference
-from dte_codec import encode_delta, encode_full
-from dte_codec.apply import Staged, check_fit
+from dte_codec import decode, encode_delta, encode_full
+from dte_codec.apply import Staged
+from dte_codec.errors import MismatchError
+from dte_codec.fit import check_fit
 from dte_codec.geometry import Piece, Shard, TensorSpec, materialize
 from dte_codec.layouts import ModelConfig, canonical_tensors, hf_shard
 from dte_codec.megatron_layout import MegatronLayout, megatron_shard
@@ -230,6 +232,31 @@ def test_stage_refuses_strided_tensors():
     with pytest.raises(ValueError) as info:
         ShardStage.of(hf_shard(DENSE), shard, local)
     assert f"layout: expected contiguous local tensors, got strided ['{name}']" == str(info.value)
+
+
+def test_a_delta_into_a_local_tensor_replaced_by_a_strided_one_is_a_mismatch():
+    """A local matrix replaced after the stage was built by a column-major one (same
+    shape, dtype and values): the reference writes a delta's sparse entries through flat
+    views, so the delta is refused with a ``MismatchError`` naming the tensor, and every
+    local tensor keeps its values, bit for bit."""
+    config, layout = DENSE, SGLangLayout()
+    old = _canonical(config, 0)
+    new = _step(old, 1, 0.2)
+    data = encode_delta(new, {n: diff(old[n], new[n]) for n in new}, stream_id="s",
+                        base_version=1, version=2)
+    shard, receiver = _ranks(config, layout, old)[0]
+    receiver.version, receiver.stream_id = 1, "s"
+    name = next(n for n in shard.tensors if "qkv_proj" in n)
+    held = receiver.weights[name]
+    receiver.weights[name] = torch.empty_strided(held.shape, (1, held.shape[0]),
+                                                 dtype=held.dtype).copy_(held)
+    with pytest.raises(MismatchError) as info:
+        receiver.stage(receiver.weights, decode(data))
+    assert f"tensor '{name}': layout: expected a contiguous tensor, got strided" == str(
+        info.value)
+    ack = receiver.receive(data)
+    assert (False, 1, Rejection.MISMATCH) == (ack.accepted, ack.version, ack.rejection)
+    assert first_difference(_expected(shard, old), receiver.weights) is None
 
 
 def test_full_versions_after_one_that_passed_are_still_checked():

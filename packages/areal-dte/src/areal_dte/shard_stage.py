@@ -5,15 +5,15 @@ Megatron's fused and interleaved tensors); a rollout rank holds them
 fused and sharded (SGLang's ``qkv_proj``, ``gate_up_proj``, ``experts.w13_weight``, a
 padded vocab, one TP slice of each). ``ShardStage`` is a ``dte_transport.receiver.Stage``
 for such a rank. It checks a payload against the sender's tensors with
-``dte_codec.apply.check_fit`` on meta tensors (the checks and errors of a receiver that
+``dte_codec.fit.check_fit`` on meta tensors (the checks and errors of a receiver that
 held them by name), then maps every entry onto the local tensors through the shard's
 pieces:
 
 - the flat indices of every sparse entry are routed to the local tensors together: where
   the kernels run by ``dte_codec.routes`` (the plan kept as device tables, built on the
   first payload), otherwise, and for any payload the routes give way on, by one
-  ``dte_codec.batched_remap.remap_all``; residues resolve against the local values
-  there, on a GPU all entries at once;
+  ``dte_codec.batched_remap.remap_all`` (``sparse_reference``); residues resolve against
+  the local values there, on a GPU all entries at once;
 - a dense or box entry is cut into the boxes of the local tensors it overlaps (computed
   once per tensor and box); where the kernels run, every box of a full version is
   written by ``dte_codec.box_copy`` (one launch per item size). A full payload's fit
@@ -29,28 +29,24 @@ elements that no piece covers (vocab padding) are never written. The result is a
 from __future__ import annotations
 
 import operator
-from collections import defaultdict
 from collections.abc import Mapping
 
 import attrs
 import torch
 from dte_codec import Kind, Payload
-from dte_codec.apply import Prepared, Staged, check_fit
-from dte_codec.batched_remap import RemapItem, remap_all
-from dte_codec.box_copy import CopyPlan, Cut, StagedCopies
+from dte_codec.apply import Prepared, Staged
+from dte_codec.box_copy import PLANS, CopyPlan, Cut, StagedCopies
 from dte_codec.dispatch import fused
 from dte_codec.errors import GeometryError
-from dte_codec.fields import WORD_BYTES, batched
-from dte_codec.flat_values import resolve_residues
+from dte_codec.fields import WORD_BYTES
+from dte_codec.fit import check_fit
 from dte_codec.geometry import Piece, Shard, Transfer, plan
-from dte_codec.header import Entry, ValueEncoding
+from dte_codec.header import Entry
 from dte_codec.region import Box
-from dte_codec.remap import Remapped
-from dte_codec.routes import Routes, SparseEntries, StagedRoutes, stage_routed
-from dte_codec.values import decode_values
+from dte_codec.routes import Routes, StagedRoutes, stage_routed
+from dte_codec.sparse_entries import SparseEntries
 
-_PLANS = 4
-"""Copy plans kept per stage: a sender brings one set of boxes per full version."""
+from .sparse_reference import stage_sparse
 
 
 @attrs.frozen
@@ -76,7 +72,9 @@ class ShardStage:
     _plans: _Recent = attrs.field(factory=lambda: _Recent(), init=False, eq=False,
                                   repr=False)
     """The copy plans (or None: the reference copies) of the last few sets of box
-    entries of full versions, by table, regions, device and alignment."""
+    entries of full versions, by table, regions, device and alignment. Not
+    ``box_copy.copies_by_name``'s cache: these plans cut the sender's boxes across the
+    shard's pieces (``_cuts``), and they are dropped with the local layout (``_local``)."""
     _fitted: _Recent = attrs.field(factory=lambda: _Recent(), init=False, eq=False,
                                    repr=False)
     """The tables and regions of the last few full payloads, and the table skeletons of
@@ -119,7 +117,8 @@ class ShardStage:
         """Check ``payload`` and resolve it into ``weights``, writing nothing.
 
         Raises:
-            MismatchError: the payload does not fit the canonical tensors.
+            MismatchError: the payload does not fit the canonical tensors, or a sparse
+                entry reaches a local tensor replaced by a strided one.
             EntryError: a residue does not resolve against this rank's values.
             GeometryError: an index outside its canonical tensor.
         """
@@ -135,7 +134,8 @@ class ShardStage:
         sparse = [k for k, (_, where, _) in enumerate(entries) if not isinstance(where, Box)]
         resolved = ({k: [routed] if n == 0 else [] for n, k in enumerate(sparse)}
                     if routed is not None else
-                    dict(zip(sparse, self._sparse(weights, [entries[k] for k in sparse]))))
+                    dict(zip(sparse, stage_sparse(self.transfers, weights,
+                                                   [entries[k] for k in sparse]))))
         staged: list[Staged | StagedRoutes] = []
         for k, (entry, where, sections) in enumerate(entries):
             if k in resolved:
@@ -163,23 +163,6 @@ class ShardStage:
             check_fit(self.canonical, [payload])
             self._fitted.put(key, header.kind)
         return header.kind
-
-    def _sparse(self, weights: Mapping[str, torch.Tensor],
-                entries: list[tuple[Entry, torch.Tensor, tuple[torch.Tensor, ...]]]
-                ) -> list[list[Staged]]:
-        """Every sparse entry staged by the reference: remapped in one ``remap_all`` with
-        their values resolved (residues of all entries on a GPU together), as writes
-        into the local tensors."""
-        items = [RemapItem(self.transfers[entry.name], entry.shape,
-                           self._on_rank(weights, entry.name, indices), tensor=entry.name)
-                 for entry, indices, _ in entries]
-        routed = [{name: r for (_, name), r in out.items() if r.indices.numel()}
-                  for out in remap_all(items)]
-        bases = [_base(weights, entry, where) for (entry, _, _), where in zip(entries, routed)]
-        values = _resolve(entries, bases)
-        return [[Staged(name, weights[name], r.indices, new[r.positions], keep_undo=True)
-                 for name, r in where.items()]
-                for where, new in zip(routed, values)]
 
     def _routed(self, weights: Mapping[str, torch.Tensor], payload: Payload
                 ) -> StagedRoutes | None:
@@ -216,12 +199,6 @@ class ShardStage:
                 self.transfers, {n: tuple(t.shape) for n, t in self.canonical.items()},
                 {n: t.dtype for n, t in self.canonical.items()}, weights, device)
         return routes
-
-    def _on_rank(self, weights: Mapping[str, torch.Tensor], name: str,
-                 indices: torch.Tensor) -> torch.Tensor:
-        """``indices`` on the device of the local tensors they reach (if any)."""
-        transfers = self.transfers[name]
-        return indices.to(weights[transfers[0].target_tensor].device) if transfers else indices
 
     def _cuts(self, name: str, box: Box) -> tuple[tuple[str, Box, Box], ...]:
         """Where the box ``box`` of sender tensor ``name`` lands: per local box it
@@ -305,9 +282,11 @@ class ShardStage:
                    boxes: tuple[torch.Tensor | Box, ...], raws: tuple[torch.Tensor, ...],
                    device: torch.device, aligned: bool) -> CopyPlan | None:
         """The copy plan of ``entries`` covering ``boxes``; None where the reference must
-        copy (an entry that is not a box, a section of another size, a local tensor of
-        another dtype, a cut the kernel cannot take)."""
-        if any(not isinstance(box, Box) or raw.numel() != box.numel * entry.dtype.itemsize
+        copy (a section of another size, a local tensor of another dtype, a cut the
+        kernel cannot take). Every entry of a full version is a box: a full header holds
+        only dense and box entries (``Entry.validate``), whose elements ``check_fit``
+        has counted."""
+        if any(raw.numel() != box.numel * entry.dtype.itemsize
                or any(weights[t].dtype != entry.dtype for t, _, _ in self._cuts(entry.name, box))
                for entry, box, raw in zip(entries, boxes, raws)):
             return None
@@ -347,7 +326,7 @@ _MISSING = object()
 
 @attrs.define
 class _Recent:
-    """The values of the last ``_PLANS`` keys (tuples), the oldest leaving first. The
+    """The values of the last ``PLANS`` keys (tuples), the oldest leaving first. The
     last key found is also matched by the identity of its parts, hashing nothing: a
     stream's full versions decode to the same table and regions objects every time."""
 
@@ -366,51 +345,10 @@ class _Recent:
 
     def put(self, key: tuple, value: object) -> None:
         self._items[key] = value
-        if len(self._items) > _PLANS:
+        if len(self._items) > PLANS:
             self._items.pop(next(iter(self._items)))
         self._last = (key, value)
 
     def clear(self) -> None:
         self._items.clear()
         self._last = None
-
-
-def _base(weights: Mapping[str, torch.Tensor], entry: Entry,
-          routed: Mapping[str, Remapped]) -> torch.Tensor | None:
-    """The local value under each element of ``entry`` this rank holds, +0.0 elsewhere;
-    None when it holds none."""
-    # Residues resolve against a base value per carried element, but this rank holds
-    # only some of them. The others get +0.0, the middle of the key order: a residue
-    # moves a key by less than a quarter of the range, so they decode without a range
-    # error, and their values are dropped.
-    if not routed:
-        return None
-    base = torch.zeros(entry.count, dtype=entry.dtype,
-                       device=weights[next(iter(routed))].device)
-    for name, r in routed.items():
-        base[r.positions] = weights[name].view(-1)[r.indices]
-    return base
-
-
-def _resolve(entries: list[tuple[Entry, torch.Tensor, tuple[torch.Tensor, ...]]],
-             bases: list[torch.Tensor | None]) -> list[torch.Tensor | None]:
-    """New values of every entry with a base: residue entries on a GPU resolved together
-    per device (``flat_values.resolve_residues``, one host synchronization), the others
-    and any group with a residue out of range by ``decode_values``, which raises its
-    error."""
-    values: list[torch.Tensor | None] = [None] * len(entries)
-    together: dict[torch.device, list[int]] = defaultdict(list)
-    for k, ((entry, _, _), base) in enumerate(zip(entries, bases)):
-        if base is not None and entry.value_encoding == ValueEncoding.RESIDUE \
-                and batched(base.device):
-            together[base.device].append(k)
-    for ks in together.values():
-        new, failures = resolve_residues([entries[k][0] for k in ks],
-                                         [entries[k][2] for k in ks], [bases[k] for k in ks])
-        if not int(failures):
-            for k, v in zip(ks, new):
-                values[k] = v
-    for k, ((entry, _, sections), base) in enumerate(zip(entries, bases)):
-        if base is not None and values[k] is None:
-            values[k] = decode_values(entry, tuple(s.to(base.device) for s in sections), base)
-    return values

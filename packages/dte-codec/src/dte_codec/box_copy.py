@@ -139,7 +139,8 @@ class StagedCopies:
 
 
 PLANS = 4
-"""Plans kept for ``copies_by_name``: a receiver gets the same boxes every full version."""
+"""Copy plans kept per cache (``copies_by_name``'s, a ``ShardStage``'s): a receiver gets
+the same boxes every full version."""
 
 
 def copies_by_name(weights: Mapping[str, torch.Tensor],
@@ -148,7 +149,7 @@ def copies_by_name(weights: Mapping[str, torch.Tensor],
     into the tensor of that name, as one ``StagedCopies`` where the kernels run on the one
     device of every tensor and section; None elsewhere (``copy_`` per entry). The plan
     is kept per boxes, tensor shapes, device and alignment; per call only the devices
-    and addresses are read. The sections must fit their boxes (``apply.check_fit``)."""
+    and addresses are read. The sections must fit their boxes (``fit.check_fit``)."""
     if not items:
         return None
     targets = [weights[name] for name, _, _ in items]

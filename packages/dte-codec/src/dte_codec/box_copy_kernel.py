@@ -1,11 +1,12 @@
 """A Triton kernel that copies many boxes between tensors in one launch.
 
 A copy moves a box of ``n0 x n1 x length`` elements (its shape without size-1
-dimensions, dimensions contiguous on both sides merged, right-aligned to three) from an entry's values to a local tensor; each side
-has its own strides, and the i-th element of one side in row-major order is the i-th of
-the other. Copies are cut into chunks of whole rows, or of one long row's columns (a static
-table), one program per chunk, so no element searches for its copy and the only divisions are per row. The
-entries and the tensors are reached through tables of addresses, one per launch.
+dimensions, dimensions contiguous on both sides merged, right-aligned to three) from an
+entry's values to a local tensor; each side has its own strides, and the i-th element of
+one side in row-major order is the i-th of the other. Copies are cut into chunks of whole
+rows, or of one long row's columns (a static table), one program per chunk, so no element
+searches for its copy and the only divisions are per row. The entries and the tensors are
+reached through tables of addresses, one per launch.
 """
 
 from __future__ import annotations

@@ -243,8 +243,8 @@ def _batched(header: Header, frame: Frame, digest: torch.Tensor) -> Payload:
         return fallback
     try:
         regions = _regions(header, body, encodings)
-    except EntryError:
-        return _per_entry(header, _split(header, frame.segments))  # raises the first failed check, in order
+    except EntryError:  # the reference raises the first failed check, in order
+        return _per_entry(header, _split(header, frame.segments))
     return Payload(header=header, flat=Flat(header, body, flat, regions))
 
 

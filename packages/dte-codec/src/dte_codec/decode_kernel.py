@@ -3,13 +3,13 @@
 Blocks never straddle two entries here: entry ``e``'s elements (or its stream's words)
 take whole blocks from block ``first_block[e]`` on, so a program reads its entry from a
 block -> entry table (one load, built once per payload by ``fields.block_segments``; no
-search and no compile-time entry count), branches on the entry's encoding, and the prefix sum of per-block counts
-at an entry's first block is the entry's own base.
+search and no compile-time entry count), branches on the entry's encoding, and the prefix
+sum of per-block counts at an entry's first block is the entry's own base.
 
 * ``_stream``, once over the words of every Elias-Fano upper stream and bitmap: the
   per-word set-bit counts (and set padding bits). Their prefix sum ranks every set bit.
 * ``_fields``: INT32/INT64 indices are read straight into the output; GAP8 blocks count
-  their escape bytes; each Elias-Fano or bitmap element finds its own bit (``_select``):
+  their escape bytes; each Elias-Fano or bitmap element finds its own bit (``rank_select``):
   a binary search of those ranks for its word, narrowed per block to the few words its
   block's ranks span (found by one 64-way search for both ends), then a select inside
   the word. Stores are coalesced, and no
@@ -37,14 +37,12 @@ from .dispatch import on_device
 from .fields import block_segments, host_tables
 from .header import IndexEncoding
 from .kernel_bits import (bit_length, column, flags_before, get_fields, load_int,
-                          owned_block, shift_right, width_mask)
+                          owned_block, width_mask)
+from .rank_select import bounds, last_at_most, popcount, select
 
 BLOCK = 512
 """Elements (or stream words) per program: at 1,024 (8 per thread) ``_fields`` held 156
 registers, 3 programs per SM; at 512, 69 and 7, which hide its dependent loads better."""
-_LOG = tl.constexpr(6)
-_FAN = tl.constexpr(1 << _LOG.value)
-"""``_bounds`` probes ``_FAN`` slots per target and step."""
 _INT64 = torch.int64
 _FIRST_BLOCK = tl.constexpr(0)
 _START = tl.constexpr(1)
@@ -85,95 +83,6 @@ def _entry_block(table, block_seg, segments, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def _popcount(x):
-    x = x - (shift_right(x, x * 0 + 1) & 0x5555555555555555)
-    x = (x & 0x3333333333333333) + (shift_right(x, x * 0 + 2) & 0x3333333333333333)
-    x = (x + shift_right(x, x * 0 + 4)) & 0x0F0F0F0F0F0F0F0F
-    return shift_right(x * 0x0101010101010101, x * 0 + 56)
-
-
-@triton.jit
-def _last_at_most(before, lo, hi, target, steps):
-    """The last slot in ``[lo, hi]`` whose ``before`` (non-decreasing) is at most
-    ``target``, given that ``before[lo]`` is; ``steps`` halvings of ``hi - lo`` (its bit
-    length) reach it. Blocks of slots; every load stays inside ``[lo, hi]``."""
-    for _ in range(steps):
-        mid = (lo + hi + 1) >> 1
-        ok = tl.load(before + mid) <= target
-        lo = tl.where(ok, mid, lo)
-        hi = tl.where(ok, hi, mid - 1)
-    return lo
-
-
-@triton.jit
-def _bounds(before, first, end, head, tail):
-    """``_last_at_most`` over ``[first, end]`` for the two scalars ``head <= tail`` at once,
-    with ``_FAN`` probes per target and step: ``log`` of the range's length to that base
-    in dependent loads, where a bisection takes its binary log, twice (those loads wait on
-    each other, and they decided this kernel's time). A step's probes cut each range into
-    pieces of ``step`` slots; those at most the target are a prefix, so their count picks
-    the piece. Returns the slots of ``head`` and ``tail``."""
-    row = tl.arange(0, 2)[:, None]
-    lane = tl.arange(1, _FAN + 1)[None, :].to(tl.int64)
-    target = tl.where(row == 0, head, tail)
-    lo = first + row * 0
-    hi = end + row * 0
-    for _ in range((bit_length(end - first) + _LOG - 1) // _LOG):
-        step = tl.maximum((hi - lo + _FAN - 1) >> _LOG, 1)
-        probe = lo + lane * step
-        inside = probe <= hi
-        ok = inside & (tl.load(before + probe, mask=inside, other=0) <= target)
-        lo = lo + tl.sum(ok.to(tl.int64), 1)[:, None] * step
-        hi = tl.minimum(hi, lo + step - 1)
-    return tl.sum(tl.where(row == 0, lo, 0)), tl.sum(tl.where(row == 1, lo, 0))
-
-
-@triton.jit
-def _select(data, inside):
-    """The position of the ``inside``-th (0-based) set bit of each int64 ``data``.
-
-    The low half's set bits pick the half; in it the popcount's partial sums are kept: set
-    bits per 2, 4, 8 and 16 bits (each count in the low bits of its field). From the half
-    down, each level skips the low half of the current field when ``inside`` lies past its
-    set bits: five compares, no popcount per level. All in 32 bits: a 64-bit shift or mask
-    takes two instructions or more, and a whole word's partial sums held the registers
-    that limited the kernel's programs per SM."""
-    inside = inside.to(tl.int32)
-    low = data.to(tl.uint32)
-    low_ones = _popcount32(low)
-    up = inside >= low_ones
-    half = tl.where(up, shift_right(data, data * 0 + 32).to(tl.uint32), low)
-    inside = tl.where(up, inside - low_ones, inside)
-    pairs = half - ((half >> 1) & 0x55555555)
-    nibbles = (pairs & 0x33333333) + ((pairs >> 2) & 0x33333333)
-    bytes_ = (nibbles + (nibbles >> 4)) & 0x0F0F0F0F
-    pos = inside * 0
-    pos, inside = _skip_low(bytes_ + (bytes_ >> 8), pos, inside, 16)
-    pos, inside = _skip_low(bytes_, pos, inside, 8)
-    pos, inside = _skip_low(nibbles, pos, inside, 4)
-    pos, inside = _skip_low(pairs, pos, inside, 2)
-    pos, _ = _skip_low(half, pos, inside, 1)
-    return (pos + tl.where(up, 32, 0)).to(tl.int64)
-
-
-@triton.jit
-def _popcount32(x):
-    """Set bits of each uint32 ``x``, as int32."""
-    x = x - ((x >> 1) & 0x55555555)
-    x = (x & 0x33333333) + ((x >> 2) & 0x33333333)
-    return ((((x + (x >> 4)) & 0x0F0F0F0F) * 0x01010101) >> 24).to(tl.int32)
-
-
-@triton.jit
-def _skip_low(counts, pos, inside, HALF: tl.constexpr):
-    """One level of ``_select``: past the low ``HALF`` bits of the field at ``pos`` (of the
-    half) when ``inside`` is at least their set-bit count (in ``counts``' low bits there)."""
-    low = ((counts >> pos.to(tl.uint32)) & (2 * HALF - 1)).to(tl.int32)
-    more = inside >= low
-    return pos + tl.where(more, HALF, 0), tl.where(more, inside - low, inside)
-
-
-@triton.jit
 def _stream_keep(limit, base):
     """The bits of the word at stream bit ``base`` that lie before the stream's
     ``limit``."""
@@ -205,15 +114,15 @@ def _fields(table, block_seg, segments, streams, stream_count, before, words, la
         base = tl.load(before + first)
         head = base + (block - column(table, _FIRST_BLOCK, segments, seg)).to(tl.int64) * BLOCK
         tail = tl.minimum(head + BLOCK, base + count) - 1
-        lo, hi = _bounds(before, first, end, head, tail)
+        lo, hi = bounds(before, first, end, head, tail)
         target = base + tl.minimum(rank, count - 1)
-        slot = _last_at_most(before, lo + rank * 0, hi + rank * 0, target, bit_length(hi - lo))
+        slot = last_at_most(before, lo + rank * 0, hi + rank * 0, target, bit_length(hi - lo))
         word_base = (slot - first) * 64
         word = tl.load(words + tl.minimum(column(streams, _STREAM_WORD, stream_count, s)
                                           + slot - first, last), mask=valid, other=0)
         data = word & _stream_keep(column(streams, _STREAM_LIMIT, stream_count, s), word_base)
         inside = tl.minimum(tl.maximum(target - tl.load(before + slot), 0), 63)
-        bit = word_base + _select(data, inside)
+        bit = word_base + select(data, inside)
         low_width = tl.where(enc == _E_ELIAS_FANO, column(table, _LOW_WIDTH, segments, seg), 0)
         low = get_fields(words, pos, tl.where(valid, low_width, 0), last)
         index = tl.where(enc == _E_ELIAS_FANO, ((bit - rank) << low_width) | low, bit)
@@ -260,7 +169,7 @@ def _stream(streams, block_seg, segments, words, last, ones, failures, BLOCK: tl
     # bits past the limit inside the stream's bytes must be zero; the section's padding
     # bytes after them are not checked (FORMAT.md)
     padded = width_mask(tl.minimum(tl.maximum(((limit + 7) // 8) * 8 - base, 0), 64))
-    tl.store(ones + block * BLOCK + tl.arange(0, BLOCK), _popcount(word & keep))
+    tl.store(ones + block * BLOCK + tl.arange(0, BLOCK), popcount(word & keep))
     tl.store(failures + block, tl.sum(((word & padded & ~keep) != 0).to(tl.int64)))
 
 
@@ -373,7 +282,8 @@ def _decode(rows: np.ndarray, counts: np.ndarray, words: torch.Tensor,
         _gaps[grid](*args, words, last, wide_before, _exclusive(sums), sums, gap_failures, out,
                     BLOCK=BLOCK, WRITE=True)
         # wides counts only GAP8 blocks, and other entries have no escapes
-        failures.append((_per_entry(wides, table[_FIRST_BLOCK.value], table[_BLOCKS]) != table[_ESCAPES]).sum())
+        per_entry = _per_entry(wides, table[_FIRST_BLOCK.value], table[_BLOCKS])
+        failures.append((per_entry != table[_ESCAPES]).sum())
         failures.append(gap_failures.sum())
     _check[grid](*args, out, check_failures, BLOCK=BLOCK)
     failures.append(check_failures.sum())

@@ -6,8 +6,9 @@ fields read at computed positions (``fields.read_fields``); escaped gaps are rea
 their escape rank; the set bits of Elias-Fano upper streams and bitmaps are found in one
 pass over all those bits (a rank per bit by prefix sum, then a scatter). Every check of
 the reference (set-bit and escape counts, padding, ranges, strict increase, residue
-escape positions) becomes a count of failures on the device; ``FlatIndices.valid``
-reads them with one host synchronization. When a check fails, the caller decodes entry
+escape positions) becomes a count of failures on the device (``FlatIndices.failures``),
+which ``decode`` reads with the body digest in one host synchronization
+(``decode.QueuedChecks``). When a check fails, the caller decodes entry
 by entry to raise the reference's error. Where the kernels run (``dispatch.fused``) the
 index work and the escape-position check are a handful of Triton launches instead
 (``decode_kernel``), same indices and same failure counts. On the host, the header's
@@ -55,10 +56,6 @@ class FlatIndices:
     def indices(self) -> tuple[torch.Tensor, ...]:
         """Per sparse entry, its indices (views of ``flat``)."""
         return tuple(self.flat.split(self.counts.tolist())) if self.counts.size else ()
-
-    def valid(self) -> bool:
-        """Whether every check passed (one host synchronization)."""
-        return int(self.failures) == 0
 
 
 def decode_indices_flat(header: Header, body: torch.Tensor) -> FlatIndices:

@@ -2,12 +2,12 @@
 
 The same values as ``values.decode_values`` entry by entry. Where the kernels run
 (``dispatch.fused``) that is three launches (``values_kernel``); otherwise a fixed
-number of torch ops over all carried elements: each entry's residue fields, escape positions and escaped
-values are gathered into one buffer per section kind (one concatenation each), then read
-as fields at computed positions (``fields.read_fields``). The reference's one check (a
-residue that resolves outside the dtype's key range) becomes a count on the device that
-the caller reads with one host synchronization, falling back to the reference to raise
-its error.
+number of torch ops over all carried elements: each entry's residue fields, escape
+positions and escaped values are gathered into one buffer per section kind (one
+concatenation each), then read as fields at computed positions (``fields.read_fields``).
+The reference's one check (a residue that resolves outside the dtype's key range)
+becomes a count on the device that the caller reads with one host synchronization,
+falling back to the reference to raise its error.
 """
 
 from __future__ import annotations

@@ -29,7 +29,8 @@ from .encode import encode_delta_batched, encode_full
 from .geometry import Piece, Shard, TensorSpec, plan
 from .header import RESIDUE_DTYPES
 from .region import Box
-from .routes import Routes, SparseEntries, stage_routed
+from .routes import Routes, stage_routed
+from .sparse_entries import SparseEntries
 
 _ROWS = 64
 _COLUMNS = {"a": 48, "b": 13, "c": 1}

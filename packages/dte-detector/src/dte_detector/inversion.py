@@ -51,8 +51,8 @@ which reports it. Any non-finite ``p`` or ``u`` is reported with unknown bounds.
 Assumptions: fp32 masters and moments (others raise ``PrecisionError``); IEEE fp32
 arithmetic with round-to-nearest and no flush-to-zero in the optimizer (whoever runs the
 optimizer checks it with ``torch_adamw.flush_to_zero``); exactly one step between the
-reference and now (``previous_step + 1``); decoupled weight decay (``torch.optim.AdamW``, or ``Adam`` with
-``decoupled_weight_decay=True``); no AMSGrad; the lr, betas, eps and weight decay that
+reference and now (``previous_step + 1``); decoupled weight decay (``torch.optim.AdamW``, or
+``Adam`` with ``decoupled_weight_decay=True``); no AMSGrad; the lr, betas, eps and weight decay that
 the step used. The test suite checks the bound adversarially (values placed at and next
 to rounding boundaries) against torch's for-loop, foreach and fused AdamW.
 """

@@ -38,7 +38,8 @@ import attrs
 import torch
 import torch.distributed as dist
 from dte_codec import ChangeSet, CodecError, Frame, Kind, decode
-from dte_codec.apply import check_covered, prepare, prepare_window
+from dte_codec.apply import prepare, prepare_window
+from dte_codec.fit import check_covered
 from dte_codec.batched_remap import RemapItem, remap_all
 from dte_codec.errors import ApplyError, MismatchError
 from dte_codec.geometry import Shard, Transfer, held_counts
