@@ -136,8 +136,9 @@ def _route(entries, block_seg, segments, table, transfers, lookup, tensors, valu
     # and the write's undo log
     store_uniform(tl.load(values_at + seg), rank, load_uniform(address, rank * 0, size, routed),
                   size, valid)
-    tl.atomic_add(flags + OUT_OF_RANGE, tl.sum((valid & ~held).to(tl.int64), 0))
-    tl.atomic_add(flags + TWICE, tl.sum((hits > 1).to(tl.int64), 0))
+    # one atomic per flagged element (none in a sound payload), not two block-wide sums
+    tl.atomic_add(flags + OUT_OF_RANGE + rank * 0, 1, mask=valid & ~held, sem="relaxed")
+    tl.atomic_add(flags + TWICE + rank * 0, 1, mask=hits > 1, sem="relaxed")
 
 
 @triton.jit(do_not_specialize=["segments"])

@@ -8,7 +8,8 @@ entry count). Its sections and base values are reached through their addresses.
 value. ``_resolve`` walks the elements: an element's residue field is number
 ``rank - before`` of its entry, ``before`` being the escapes ahead of it in the entry,
 which a per-block count of the marks and its prefix sum give without another pass (the
-marks of the padding past an entry's last element stay zero). The new values go to one
+marks of the padding past an entry's last element stay zero); a block without escapes
+reads no marks. The new values go to one
 byte buffer, entry by entry, each entry at an 8-byte boundary.
 """
 
@@ -25,7 +26,7 @@ from .dispatch import on_device
 from .fields import block_segments, host_table
 from .flat_values import Residues, Resolved
 from .header import Entry, index_itemsizes
-from .kernel_bits import (column, flags_before, from_order_key, get_fields, load_uniform,
+from .kernel_bits import (column, from_order_key, get_fields, load_uniform,
                           order_key, owned_block, store_uniform, width_mask)
 
 BLOCK = 1024
@@ -78,13 +79,20 @@ def _escaped(table, block_seg, segments, marks, counts, BLOCK: tl.constexpr):
     store_uniform(column(table, _OUT_AT, segments, seg), position, raw, size, valid)
 
 
-@triton.jit(do_not_specialize=["segments"])
-def _resolve(table, block_seg, segments, marks, before, failures, BLOCK: tl.constexpr):
+@triton.jit(do_not_specialize=["segments"], do_not_specialize_on_alignment=["failures"])
+def _resolve(table, block_seg, segments, marks, inclusive, counts, failures,
+             BLOCK: tl.constexpr):
     block, seg, rank, valid = _entry_block(table, block_seg, segments, _FIRST_BLOCK, _COUNT,
                                            BLOCK)
-    k = block.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    escaped = tl.load(marks + k, mask=valid, other=0).to(tl.int64)
-    ahead = flags_before(before, block, escaped) - column(table, _ESCAPE_START, segments, seg)
+    count = tl.load(counts + block)
+    ahead = tl.zeros([BLOCK], tl.int64) + (tl.load(inclusive + block) - count
+                                           - column(table, _ESCAPE_START, segments, seg))
+    escaped = tl.zeros([BLOCK], tl.int32)
+    if count > 0:
+        # the ranks take a scan across the block's warps: only blocks with escapes pay it
+        k = block.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+        escaped = tl.load(marks + k, mask=valid, other=0).to(tl.int32)
+        ahead += (tl.cumsum(escaped, 0) - escaped).to(tl.int64)
     width = column(table, _WIDTH, segments, seg)
     size = column(table, _SIZE, segments, seg)
     bits = size * 8
@@ -98,7 +106,8 @@ def _resolve(table, block_seg, segments, marks, before, failures, BLOCK: tl.cons
     half = (width * 0 + 1) << (width - 1)
     key = base_key + tl.where(diff >= half, diff - 2 * half, diff)
     wrong = sent & ((key < 0) | (key > width_mask(bits)))
-    tl.store(failures + block, tl.sum(wrong.to(tl.int64)))
+    # one atomic per wrong element (none in a sound payload), not a block-wide sum
+    tl.atomic_add(failures + rank * 0, 1, mask=wrong, sem="relaxed")
     new = from_order_key(key & width_mask(bits), bits)
     store_uniform(column(table, _OUT_AT, segments, seg), rank, new, size, sent)
 
@@ -133,16 +142,18 @@ def _resolve_all(r: Residues, device: torch.device) -> Resolved:
         escape_blocks]), device)
     segments = r.count.size
     marks = torch.zeros(total_blocks * BLOCK, dtype=torch.uint8, device=device)
-    counts_per_block = torch.zeros(total_blocks, dtype=_INT64, device=device)
+    # per block its escapes, then the count of failures: one zeroed buffer (so the count's
+    # alignment varies: ``_resolve`` does not specialise on it)
+    zeroed = torch.zeros(total_blocks + 1, dtype=_INT64, device=device)
+    counts_per_block, failures = zeroed[:total_blocks], zeroed[total_blocks]
     if total_escape_blocks:
         _escaped[(total_escape_blocks,)](
             table, block_segments(table[_ESCAPE_BLOCKS], total_escape_blocks), segments, marks,
             counts_per_block, BLOCK=BLOCK, num_warps=WARPS)
-    before = torch.cumsum(counts_per_block, 0) - counts_per_block
-    failures = torch.zeros(total_blocks, dtype=_INT64, device=device)
     _resolve[(total_blocks,)](table, block_segments(table[_BLOCKS], total_blocks), segments,
-                              marks, before, failures, BLOCK=BLOCK, num_warps=WARPS)
-    return Resolved(out, offsets, failures.sum())
+                              marks, torch.cumsum(counts_per_block, 0), counts_per_block,
+                              failures, BLOCK=BLOCK, num_warps=WARPS)
+    return Resolved(out, offsets, failures)
 
 
 def _starts(sizes: np.ndarray) -> np.ndarray:
