@@ -9,8 +9,8 @@ value. ``_resolve`` walks the elements: an element's residue field is number
 ``rank - before`` of its entry, ``before`` being the escapes ahead of it in the entry,
 which a per-block count of the marks and its prefix sum give without another pass (the
 marks of the padding past an entry's last element stay zero); a block without escapes
-reads no marks. The new values go to one
-byte buffer, entry by entry, each entry at an 8-byte boundary.
+reads no marks. The new values go to one byte buffer, entry by entry, each entry at an
+8-byte boundary.
 """
 
 from __future__ import annotations
