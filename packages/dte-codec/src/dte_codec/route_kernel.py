@@ -24,7 +24,9 @@ import triton.language as tl
 
 from .kernel_bits import column, load_uniform, owned_block, store_uniform
 
-BLOCK = 1024
+BLOCK = 512
+"""Elements per program (``tools/gpu/tune_receive.py``: 512 edged out 1,024 for ``_route``
+in three runs, ``_move`` alike)."""
 WARPS = 4
 # columns of the per-entry table (then the sizes of the source shape, then
 # its element count and blocks)
