@@ -18,6 +18,7 @@ from collections.abc import Sequence
 import attrs
 import numpy as np
 
+from .bits import ceil_bytes
 from .header import ALIGNMENT, Entry, IndexEncoding, Kind, ValueEncoding, index_itemsizes
 from .table_skeleton import Entries, static_columns
 
@@ -164,21 +165,24 @@ def _columns(entries: Sequence[Entry]) -> dict[str, np.ndarray] | None:
 
 def _slots(c: dict[str, np.ndarray]) -> np.ndarray:
     """(entries, 5) section sizes: two index sections, then three value sections, -1
-    where an entry has no such section (for valid columns: every encoding code known)."""
+    where an entry has no such section (for valid columns: every encoding code known,
+    every size a non-negative int64 far from overflow)."""
     n, ie, width, none = c["count"], c["index_encoding"], c["index_width"], c["no_section"]
+    slots = np.empty((len(n), 5), np.int64)
     # the candidates of every encoding, chosen by its code in one pass
-    first = np.choose(ie, _by_code(
+    np.choose(ie, _by_code(
         {_DENSE: none, _INT32: n * 4, _INT64: n * 8, _BITMAP: c["bitmap_bytes"], _GAP8: n,
-         _ELIAS_FANO: -(-(n * width) // 8), _BOX: c["box_bytes"]}))
-    second = np.where(ie == _GAP8, c["index_escapes"] * c["numel_itemsize"],
-                      np.where(ie == _ELIAS_FANO, -(-(n + (c["numel_top"] >> width) + 1) // 8),
-                               none))
+         _ELIAS_FANO: ceil_bytes(n * width), _BOX: c["box_bytes"]}), out=slots[:, 0])
+    upper = ceil_bytes(n + (c["numel_top"] >> width) + 1)
+    slots[:, 1] = np.where(ie == _GAP8, c["index_escapes"] * c["numel_itemsize"],
+                           np.where(ie == _ELIAS_FANO, upper, none))
     residue = c["value_encoding"] == _RESIDUE
     esc, itemsize = c["value_escapes"], c["itemsize"]
-    fields = -(-((n - esc) * c["value_width"]) // 8)
-    return np.stack([first, second, np.where(residue, fields, n * itemsize),
-                     np.where(residue, esc * index_itemsizes(n), none),
-                     np.where(residue, esc * itemsize, none)], axis=1)
+    slots[:, 2] = np.where(residue, ceil_bytes((n - esc) * c["value_width"]),
+                           n * itemsize)
+    slots[:, 3] = np.where(residue, esc * index_itemsizes(n), none)
+    slots[:, 4] = np.where(residue, esc * itemsize, none)
+    return slots
 
 
 def _by_code(candidates: dict[int, np.ndarray]) -> list[np.ndarray]:
