@@ -20,7 +20,6 @@ from collections.abc import Iterator, Sequence
 import numpy as np
 import torch
 
-from .bits import ceil_bytes
 from .header import (_ENTRY_FIELDS, _NAME_LENGTH, BOX_FIELD_BYTES, INDEX32_LIMIT, MAX_NDIM,
                      RESIDUE_DTYPES, Entry, IndexEncoding, ValueEncoding, index_itemsizes)
 
@@ -49,7 +48,7 @@ def static_columns(ndim: np.ndarray, numel: np.ndarray, dtypes: Sequence[torch.d
             "shape_fits": (ndim <= MAX_NDIM) & (numel < 2**62),
             "index32_fits": numel < INDEX32_LIMIT,
             "max_value_width": np.array([d.itemsize * 8 - 1 for d in dtypes], dtype=np.int64),
-            "bitmap_bytes": ceil_bytes(numel),
+            "bitmap_bytes": -(-numel // 8),  # a division: numel may reach 2**63 here
             "box_bytes": 2 * ndim * BOX_FIELD_BYTES,
             "numel_itemsize": index_itemsizes(numel),
             "numel_top": np.maximum(numel, 1) - 1,
