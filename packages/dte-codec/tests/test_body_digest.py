@@ -166,8 +166,9 @@ def test_kernel_matches_the_reference_and_sees_one_changed_byte(body, cuts, data
 
 @pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs triton")
 def test_kernel_over_runs_of_several_programs():
-    """Runs longer than one program's chunk (a body of ~2.3 chunks, cut off one word
-    boundary) hash as the reference says, and a byte changed in the last chunk is seen."""
+    """Runs longer than one program's chunk (a body of ~2.3 chunks, whole as one run or
+    cut off one word boundary) hash as the reference says, and a byte changed in the last
+    chunk is seen."""
     from dte_codec.body_digest_kernel import CHUNK
     size = int(2.3 * CHUNK * 4) + 3
     body = bytes(torch.randint(0, 256, (size,), generator=torch.Generator().manual_seed(1),
@@ -175,13 +176,17 @@ def test_kernel_over_runs_of_several_programs():
     changed = bytearray(body)
     changed[-5] ^= 0x40
     device = "cuda" if CUDA else "cpu"
-    digests = []
-    for payload in (body, bytes(changed)):
-        whole = _tensor(payload).to(device)
-        with interpreted():
-            digests.append(body_digest([whole[:CHUNK * 4 + 1], whole[CHUNK * 4 + 1:]]))
-        assert _reference(payload) == digests[-1]
-    assert digests[0] != digests[1]
+    words = size // 4 * 4  # whole words: one run, every program its
+    for cut in (None, CHUNK * 4 + 1):
+        digests = []
+        for payload in (body, bytes(changed)):
+            payload = payload[:words] if cut is None else payload
+            whole = _tensor(payload).to(device)
+            with interpreted():
+                digests.append(body_digest([whole] if cut is None else [whole[:cut],
+                                                                        whole[cut:]]))
+            assert _reference(payload) == digests[-1]
+        assert digests[0] != digests[1]
 
 
 def test_kept_runs_of_a_body_of_views_hash_its_bytes_at_each_digest():

@@ -11,6 +11,12 @@ import torch
 BYTE_BITS = 8
 
 
+def ceil_bytes(bits):
+    """Bytes that hold ``bits`` bits (non-negative integers, an array or a tensor): a
+    shift, cheaper than a division."""
+    return (bits + (BYTE_BITS - 1)) >> 3
+
+
 def _shifts(count: int, device: torch.device) -> torch.Tensor:
     return torch.arange(count, device=device, dtype=torch.int64)
 

@@ -117,13 +117,14 @@ class ChangeTable:
         if runs:
             if not all(_run_fits(run, device) for run in runs):
                 return None
-            expected = np.array([known.dtype_ids.get(run.base_low.dtype, -1) for run in runs])
-            if (known.dtype_column[members.at] != expected[members.run]).any():
+            ids = known.dtype_ids
+            base = np.array([(ids.get(run.base_low.dtype, -1), run.indices.data_ptr(),
+                              run.indices.element_size(), run.base_low.data_ptr(),
+                              run.base_high.data_ptr(), run.base_low.element_size())
+                             for run in runs], np.int64)
+            dtype, index_at, size, low_at, high_at, item = base[members.run].T
+            if (known.dtype_column[members.at] != dtype).any():
                 return None  # bounds in another dtype than their tensor's
-            base = np.array([(run.indices.data_ptr(), run.indices.element_size(),
-                              run.base_low.data_ptr(), run.base_high.data_ptr(),
-                              run.base_low.element_size()) for run in runs], np.int64)
-            index_at, size, low_at, high_at, item = base[members.run].T
             start = members.start
             columns[:, members.at] = [index_at + start * size, size, low_at + start * item,
                                       high_at + start * item]
@@ -149,11 +150,13 @@ class ChangeTable:
 def _run_fits(run: ChangeRun, device: torch.device) -> bool:
     """A run's buffers lie flat on ``device`` and hold every member's change set (the
     per-tensor checks of ``_bounds_fit`` and ``_indices`` but the dtype, made once)."""
-    total = sum(run.counts)
+    shape = (sum(run.counts),)
     index, low, high = run.indices, run.base_low, run.base_high
+    # spelled out, not looped: a call per run and sync
     return (index.dtype in _INDEX_DTYPES and high.dtype == low.dtype
-            and all(t.shape == (total,) and t.device == device and t.is_contiguous()
-                    for t in (index, low, high)))
+            and index.shape == shape and low.shape == shape and high.shape == shape
+            and index.device == device and low.device == device and high.device == device
+            and index.is_contiguous() and low.is_contiguous() and high.is_contiguous())
 
 
 def bounds_fit(dtypes: list[torch.dtype], counts: list[int], changes: Sequence) -> bool:

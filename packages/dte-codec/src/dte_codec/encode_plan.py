@@ -20,7 +20,7 @@ import attrs
 import numpy as np
 import torch
 
-from .bits import BYTE_BITS
+from .bits import BYTE_BITS, ceil_bytes
 from .entry_pack import FIELDS
 from .fields import host_table
 from .header import (ALIGNMENT, INDEX32_LIMIT, RESIDUE_DTYPES, Entry, IndexEncoding,
@@ -49,11 +49,6 @@ def _bit_length(x: np.ndarray) -> np.ndarray:
     """Bits needed for each non-negative int64 (0 for 0), without floating point: how
     many powers of two are at most ``x``."""
     return np.searchsorted(_POWERS, x, side="right")
-
-
-def _ceil8(x: np.ndarray) -> np.ndarray:
-    """Bytes that hold ``x`` bits (non-negative): a shift, cheaper than a division."""
-    return (x + (BYTE_BITS - 1)) >> 3
 
 
 @attrs.frozen
@@ -100,8 +95,8 @@ class IndexSizes:
         size = index_itemsizes(numel)
         raw = count * size
         low = np.maximum(_bit_length(numel // np.maximum(count, 1)) - 1, 0)
-        upper_bytes = _ceil8(count + ((numel - 1) >> low) + 1)
-        low_bytes, map_bytes = _ceil8(count * low), _ceil8(numel)
+        upper_bytes = ceil_bytes(count + ((numel - 1) >> low) + 1)
+        low_bytes, map_bytes = ceil_bytes(count * low), ceil_bytes(numel)
         ef = low_bytes + upper_bytes
         bitmap = np.where(numel <= BYTE_BITS * raw, map_bytes, _NONE)
         other = np.minimum(ef, bitmap)
@@ -178,7 +173,7 @@ class ValueSizes:
             zero = np.zeros_like(count)
             return ValueChoice(np.full_like(count, _RAW), zero, zero)
         covered = np.cumsum(hist[:, 1:], axis=1)
-        sizes = _ceil8(covered * self.width) + (self.escaped_all - covered * self.escape)
+        sizes = ceil_bytes(covered * self.width) + (self.escaped_all - covered * self.escape)
         if self.barred is not None:
             sizes[self.barred] = _NONE
         at = sizes.argmin(1)
@@ -364,8 +359,8 @@ class Counted:
         sizes[:, 0] = first
         sizes[:, 1] = (np.where(index.encoding == _ELIAS_FANO, self.index.upper_bytes, 0)
                        + index.escapes * self.index.itemsize)  # escapes: GAP8's only
-        sizes[:, 2] = np.where(value.encoding == _RESIDUE, _ceil8((count - escapes) * value.width),
-                               self.value.raw)
+        sizes[:, 2] = np.where(value.encoding == _RESIDUE,
+                               ceil_bytes((count - escapes) * value.width), self.value.raw)
         sizes[:, 3] = escapes * self.value.position_size
         sizes[:, 4] = escapes * self.table.itemsize
         return sizes

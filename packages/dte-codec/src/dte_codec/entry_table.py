@@ -18,30 +18,52 @@ from collections.abc import Sequence
 import attrs
 import numpy as np
 
-from .header import (ALIGNMENT, BOX_FIELD_BYTES, INDEX32_LIMIT, MAX_NDIM, RESIDUE_DTYPES, Entry,
-                     IndexEncoding, Kind, ValueEncoding, index_itemsizes)
-from .table_skeleton import Entries
+from .bits import ceil_bytes
+from .header import ALIGNMENT, Entry, IndexEncoding, Kind, ValueEncoding, index_itemsizes
+from .table_skeleton import Entries, static_columns
 
 EXACT_NUMEL = 2**40
 """Largest tensor (exclusive) whose section sizes the columns compute: every size and
 their sum over up to ``EXACT_ENTRIES`` entries then stays far inside int64."""
 EXACT_ENTRIES = 2**20
 
-@attrs.frozen
+@attrs.frozen(eq=False)
 class Sections:
     """The unpadded byte sizes of every section of a table, in body order, and how many
-    sections each entry has."""
+    sections each entry has: int64 arrays where the columns computed them (what the
+    batched decoder reads, with no Python int per section), Python ints where the
+    entries did (sizes beyond int64 are possible there until a body bounds them)."""
 
-    sizes: tuple[int, ...]
-    per_entry: tuple[int, ...]
+    _sizes: np.ndarray | tuple[int, ...]
+    _per_entry: np.ndarray | tuple[int, ...]
     body_size: int
     """Bytes of all sections, each padded to the alignment."""
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Sections):
+            return NotImplemented
+        return self._key == other._key
+
+    def __hash__(self) -> int:
+        return hash(self._key)
+
+    @functools.cached_property
+    def _key(self) -> tuple:
+        return self.sizes, self.per_entry, self.body_size
+
+    @functools.cached_property
+    def sizes(self) -> tuple[int, ...]:
+        return _ints(self._sizes)
+
+    @functools.cached_property
+    def per_entry(self) -> tuple[int, ...]:
+        return _ints(self._per_entry)
 
     @functools.cached_property
     def size_array(self) -> np.ndarray:
         """``sizes`` as int64 (read only once the header's body length has matched a real
         body, which bounds them)."""
-        return np.array(self.sizes, dtype=np.int64)
+        return np.asarray(self._sizes, dtype=np.int64)
 
     @functools.cached_property
     def offsets(self) -> np.ndarray:
@@ -52,8 +74,12 @@ class Sections:
     @functools.cached_property
     def firsts(self) -> np.ndarray:
         """Each entry's first section, as a position in ``sizes``."""
-        per_entry = np.array(self.per_entry, dtype=np.int64)
+        per_entry = np.asarray(self._per_entry, dtype=np.int64)
         return np.cumsum(per_entry) - per_entry
+
+
+def _ints(values: np.ndarray | tuple[int, ...]) -> tuple[int, ...]:
+    return values if isinstance(values, tuple) else tuple(values.tolist())
 
 
 class EntryTable:
@@ -85,17 +111,17 @@ class EntryTable:
         dense = ie == _DENSE
         block = dense | (ie == _BOX)
         residue = ve == _RESIDUE
-        ok = ((c["ndim"] <= MAX_NDIM) & (numel < 2**62) & (n <= numel)
+        ok = (c["shape_fits"] & (n <= numel)
               & (block | (kind == Kind.DELTA)) & (~dense | (n == numel)) & (dense | (n >= 1))
               & (~block | (ve == _RAW))
-              & ((ie != _INT32) | (numel < INDEX32_LIMIT))
+              & ((ie != _INT32) | c["index32_fits"])
               & (c["index_escapes"] <= n)
               & ((ie == _GAP8) | (c["index_escapes"] == 0))
               & (c["index_width"] <= 62)
               & ((ie == _ELIAS_FANO) | (c["index_width"] == 0))
               & (~residue | c["residue_dtype"])
               & np.where(residue, (c["value_width"] >= 1)
-                         & (c["value_width"] <= c["itemsize"] * 8 - 1), c["value_width"] == 0)
+                         & (c["value_width"] <= c["max_value_width"]), c["value_width"] == 0)
               & (c["value_escapes"] <= n) & (residue | (c["value_escapes"] == 0))
               # negative fields (no reader makes them) are left to the entries to judge
               & (ie >= 0) & (ve >= 0) & (c["index_escapes"] >= 0) & (c["value_escapes"] >= 0)
@@ -116,8 +142,7 @@ class EntryTable:
         slots = _slots(c)
         present = slots >= 0
         sizes = slots[present]
-        return Sections(tuple(sizes.tolist()), tuple(present.sum(axis=1).tolist()),
-                        int((-(-sizes // ALIGNMENT) * ALIGNMENT).sum()))
+        return Sections(sizes, present.sum(axis=1), int((-(-sizes // ALIGNMENT) * ALIGNMENT).sum()))
 
 
 _FIELDS = ("count", "index_encoding", "index_width", "index_escapes", "value_encoding",
@@ -127,42 +152,37 @@ _fields_of = operator.attrgetter(*_FIELDS)
 
 def _columns(entries: Sequence[Entry]) -> dict[str, np.ndarray] | None:
     if not entries:
-        return {name: np.zeros(0, np.int64) for name in (*_FIELDS, "ndim", "numel", "itemsize")
-                } | {"residue_dtype": np.zeros(0, bool)}
+        empty = np.zeros(0, np.int64)
+        return {name: empty for name in _FIELDS} | static_columns(empty, empty, ())
     # numpy makes int64 of Python ints (and int enums) inside int64 and something else of
     # anything else (larger ints, floats, None): those entries go the per-entry way
     fields = np.array([_fields_of(e) for e in entries])
     shapes = np.array([(len(e.shape), math.prod(e.shape)) for e in entries])
     if fields.dtype != np.int64 or shapes.dtype != np.int64:
         return None
-    columns = dict(zip(_FIELDS, fields.T))
-    columns["ndim"], columns["numel"] = shapes.T
-    dtypes = [e.dtype for e in entries]
-    columns["itemsize"] = np.array([d.itemsize for d in dtypes], dtype=np.int64)
-    columns["residue_dtype"] = np.array([d in RESIDUE_DTYPES for d in dtypes], dtype=bool)
-    return columns
+    return dict(zip(_FIELDS, fields.T)) | static_columns(*shapes.T, [e.dtype for e in entries])
 
 
 def _slots(c: dict[str, np.ndarray]) -> np.ndarray:
     """(entries, 5) section sizes: two index sections, then three value sections, -1
-    where an entry has no such section (for valid columns: every encoding code known)."""
-    n, numel, ie, width = c["count"], c["numel"], c["index_encoding"], c["index_width"]
-    none = np.full_like(n, -1)
+    where an entry has no such section (for valid columns: every encoding code known,
+    every size a non-negative int64 far from overflow)."""
+    n, ie, width, none = c["count"], c["index_encoding"], c["index_width"], c["no_section"]
+    slots = np.empty((len(n), 5), np.int64)
     # the candidates of every encoding, chosen by its code in one pass
-    first = np.choose(ie, _by_code(
-        {_DENSE: none, _INT32: n * 4, _INT64: n * 8, _BITMAP: -(-numel // 8), _GAP8: n,
-         _ELIAS_FANO: -(-(n * width) // 8), _BOX: 2 * c["ndim"] * BOX_FIELD_BYTES}))
-    second = none.copy()
-    gap = ie == _GAP8
-    second[gap] = (c["index_escapes"] * index_itemsizes(numel))[gap]
-    ef = ie == _ELIAS_FANO
-    second[ef] = (-(-(n + ((np.maximum(numel, 1) - 1) >> width) + 1) // 8))[ef]
+    np.choose(ie, _by_code(
+        {_DENSE: none, _INT32: n * 4, _INT64: n * 8, _BITMAP: c["bitmap_bytes"], _GAP8: n,
+         _ELIAS_FANO: ceil_bytes(n * width), _BOX: c["box_bytes"]}), out=slots[:, 0])
+    upper = ceil_bytes(n + (c["numel_top"] >> width) + 1)
+    slots[:, 1] = np.where(ie == _GAP8, c["index_escapes"] * c["numel_itemsize"],
+                           np.where(ie == _ELIAS_FANO, upper, none))
     residue = c["value_encoding"] == _RESIDUE
     esc, itemsize = c["value_escapes"], c["itemsize"]
-    fields = -(-((n - esc) * c["value_width"]) // 8)
-    return np.stack([first, second, np.where(residue, fields, n * itemsize),
-                     np.where(residue, esc * index_itemsizes(n), -1),
-                     np.where(residue, esc * itemsize, -1)], axis=1)
+    slots[:, 2] = np.where(residue, ceil_bytes((n - esc) * c["value_width"]),
+                           n * itemsize)
+    slots[:, 3] = np.where(residue, esc * index_itemsizes(n), none)
+    slots[:, 4] = np.where(residue, esc * itemsize, none)
+    return slots
 
 
 def _by_code(candidates: dict[int, np.ndarray]) -> list[np.ndarray]:

@@ -87,7 +87,14 @@ INDEX_SECTIONS = np.zeros(len(IndexEncoding), dtype=np.int64)
 INDEX_SECTIONS[[IndexEncoding.INT32, IndexEncoding.INT64, IndexEncoding.BITMAP,
                  IndexEncoding.BOX]] = 1
 INDEX_SECTIONS[[IndexEncoding.GAP8, IndexEncoding.ELIAS_FANO]] = 2
-_STRIDES = {IndexEncoding.INT32: 32, IndexEncoding.INT64: 64, IndexEncoding.GAP8: BYTE_BITS}
+_STRIDES = np.zeros(len(IndexEncoding), dtype=np.int64)
+"""Per index encoding, the bits between an entry's consecutive first-section fields
+(0 where it has none at a fixed stride; Elias-Fano's is its low-bit width)."""
+_STRIDES[[IndexEncoding.INT32, IndexEncoding.INT64, IndexEncoding.GAP8]] = 32, 64, BYTE_BITS
+# the codes as plain ints: an enum member's look-up costs more than the comparison over a
+# few hundred entries it feeds
+_ELIAS_FANO, _BITMAP = int(IndexEncoding.ELIAS_FANO), int(IndexEncoding.BITMAP)
+_RESIDUE = int(ValueEncoding.RESIDUE)
 
 
 @attrs.frozen
@@ -117,7 +124,7 @@ class _Layout:
         # clamped to the entry's own sections: only entries that have the section use it
         return cls(c["index_encoding"], c["count"], c["numel"], c["index_width"],
                    c["index_escapes"], c["value_escapes"],
-                   (c["value_encoding"] == ValueEncoding.RESIDUE) & (c["value_escapes"] > 0),
+                   (c["value_encoding"] == _RESIDUE) & (c["value_escapes"] > 0),
                    offsets[head],
                    np.where(index_sections > 1, offsets[np.minimum(head + 1, end)],
                             offsets[head]),
@@ -128,11 +135,10 @@ class _Layout:
         element counts."""
         pick = IS_SPARSE[self.encoding]
         enc, numel, width = self.encoding[pick], self.numel[pick], self.width[pick]
-        is_ef = enc == IndexEncoding.ELIAS_FANO
-        stride = np.select([enc == code for code in _STRIDES], list(_STRIDES.values()),
-                           np.where(is_ef, width, 0))
+        is_ef = enc == _ELIAS_FANO
+        stride = np.where(is_ef, width, _STRIDES[enc])
         limit = np.where(is_ef, self.count[pick] + ((np.maximum(numel, 1) - 1) >> width) + 1,
-                         np.where(enc == IndexEncoding.BITMAP, numel, 0))
+                         np.where(enc == _BITMAP, numel, 0))
         raw_bits = np.where(numel < INDEX32_LIMIT, 32, 64)
         rows = np.stack([enc, self.first[pick], stride, stride, self.second[pick], raw_bits,
                          width, numel, self.escapes[pick], limit])

@@ -20,18 +20,39 @@ from collections.abc import Iterator, Sequence
 import numpy as np
 import torch
 
-from .header import (_ENTRY_FIELDS, _NAME_LENGTH, RESIDUE_DTYPES, Entry, IndexEncoding,
-                     ValueEncoding)
+from .header import (_ENTRY_FIELDS, _NAME_LENGTH, BOX_FIELD_BYTES, INDEX32_LIMIT, MAX_NDIM,
+                     RESIDUE_DTYPES, Entry, IndexEncoding, ValueEncoding, index_itemsizes)
 
 _FIELD_BYTES = _ENTRY_FIELDS.size
 _BYTE_FIELDS = {"index_encoding": 2, "value_encoding": 3, "index_width": 4, "value_width": 5}
 """Offsets of the one-byte varying fields inside an entry's fields (``_ENTRY_FIELDS``)."""
+_BYTES_AT = slice(min(_BYTE_FIELDS.values()), max(_BYTE_FIELDS.values()) + 1)
+"""The one-byte varying fields lie back to back, in ``_BYTE_FIELDS``' order."""
+assert list(_BYTE_FIELDS.values()) == list(range(_BYTES_AT.start, _BYTES_AT.stop))
 _WORD_FIELDS = ("count", "index_escapes", "value_escapes")
 _WORDS_AT = 8
 """Offset of the three u64 varying fields, back to back, inside an entry's fields."""
 _FIELD_LIMIT = 2**62
 """Counts and escape counts the columns hold; larger ones (never valid: numel < 2**62)
 are judged by the entries."""
+
+
+def static_columns(ndim: np.ndarray, numel: np.ndarray, dtypes: Sequence[torch.dtype]
+                   ) -> dict[str, np.ndarray]:
+    """The columns of a table that its tensors decide (int64 ``ndim`` and ``numel``, and
+    ``dtypes``), with what the checks and section sizes derive from them alone: kept
+    with a skeleton, they cost nothing per sync."""
+    return {"ndim": ndim, "numel": numel,
+            "itemsize": np.array([d.itemsize for d in dtypes], dtype=np.int64),
+            "residue_dtype": np.array([d in RESIDUE_DTYPES for d in dtypes], dtype=bool),
+            "shape_fits": (ndim <= MAX_NDIM) & (numel < 2**62),
+            "index32_fits": numel < INDEX32_LIMIT,
+            "max_value_width": np.array([d.itemsize * 8 - 1 for d in dtypes], dtype=np.int64),
+            "bitmap_bytes": -(-numel // 8),  # a division: numel may reach 2**63 here
+            "box_bytes": 2 * ndim * BOX_FIELD_BYTES,
+            "numel_itemsize": index_itemsizes(numel),
+            "numel_top": np.maximum(numel, 1) - 1,
+            "no_section": np.full_like(numel, -1)}
 
 
 class Skeleton:
@@ -55,16 +76,15 @@ class Skeleton:
         self.fields_at = np.array(fields_at, dtype=np.int64)
         varying = np.concatenate(
             [list(_BYTE_FIELDS.values()), np.arange(_WORDS_AT, _FIELD_BYTES)])
-        static = np.ones(len(table), dtype=bool)
-        static[(self.fields_at[:, None] + varying).ravel()] = False
-        self._static_at = np.flatnonzero(static)
-        self._static = np.frombuffer(table, dtype=np.uint8)[self._static_at]
+        # the table with its varying bytes masked to zero: a later table of this skeleton
+        # masked the same way equals it (one pass over the bytes, no gather)
+        self._mask = np.full(len(table), 0xFF, dtype=np.uint8)
+        self._mask[(self.fields_at[:, None] + varying).ravel()] = 0
+        self._static = np.frombuffer(table, dtype=np.uint8) & self._mask
         self._fields = self.fields_at[:, None] + np.arange(_FIELD_BYTES)
-        self._columns = {
-            "ndim": np.array([len(s) for s in self.shapes], dtype=np.int64),
-            "numel": np.array([e.numel for e in entries], dtype=np.int64),
-            "itemsize": np.array([d.itemsize for d in self.dtypes], dtype=np.int64),
-            "residue_dtype": np.array([d in RESIDUE_DTYPES for d in self.dtypes], dtype=bool)}
+        self._columns = static_columns(
+            np.array([len(s) for s in self.shapes], dtype=np.int64),
+            np.array([e.numel for e in entries], dtype=np.int64), self.dtypes)
 
     @staticmethod
     def holds(entries: Sequence[Entry]) -> bool:
@@ -76,13 +96,14 @@ class Skeleton:
         """``EntryTable.columns`` of ``table`` (as long as this skeleton's), or None
         where its static bytes differ or a field needs the field by field reading."""
         data = np.frombuffer(table, dtype=np.uint8)
-        if not np.array_equal(data[self._static_at], self._static):
+        if not np.array_equal(data & self._mask, self._static):
             return None
         fields = data[self._fields]
         words = np.ascontiguousarray(fields[:, _WORDS_AT:]).view("<u8")
-        small = fields[:, list(_BYTE_FIELDS.values())].astype(np.int64)
-        if ((words >= _FIELD_LIMIT).any() or (small[:, 0] >= len(IndexEncoding)).any()
-                or (small[:, 1] >= len(ValueEncoding)).any()):
+        small = fields[:, _BYTES_AT].astype(np.int64)
+        if (words.max(initial=0) >= _FIELD_LIMIT
+                or small[:, 0].max(initial=0) >= len(IndexEncoding)
+                or small[:, 1].max(initial=0) >= len(ValueEncoding)):
             return None
         columns = dict(zip(_BYTE_FIELDS, small.T)) | dict(zip(_WORD_FIELDS,
                                                               words.astype(np.int64).T))
