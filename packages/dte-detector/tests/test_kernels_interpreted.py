@@ -126,3 +126,48 @@ def test_interpreted_columns_mix_kernels_and_reference(monkeypatch, fused):
         assert indices.tolist() == actual.indices.tolist()
         assert bits_of(low) == bits_of(actual.base_low)
         assert bits_of(high) == bits_of(actual.base_high)
+
+
+def test_interpreted_inverter_replans_a_replaced_resized_retyped_or_strided_tensor(
+        monkeypatch):
+    """``Inverter`` keeps its layout across calls only while every tensor keeps its
+    address, size, dtype and contiguity: a master replaced by another tensor, resized in
+    place, given another dtype in place (a typed error, as on a first call) or made
+    non-contiguous in place gives the reference's change sets again, bit for bit."""
+    import pytest
+
+    from dte_detector import dispatch
+    from dte_detector.errors import PrecisionError
+    from dte_detector.inversion import Inverter
+
+    monkeypatch.setattr(dispatch, "kernels_for", lambda *tensors, payload: True)
+    members = [list(flat) for flat, _ in _members()[6:12]]
+    hypers = [hyper for _, hyper in _members()[6:12]]
+    inverter = Inverter()
+
+    def check() -> None:
+        found, runs = inverter.runs([f"t{k}" for k in range(len(members))],
+                                    [tuple(m) for m in members], hypers,
+                                    [h.step - 1 for h in hypers], [torch.float16] * len(members))
+        for run in runs:
+            for k, at in enumerate(run.names):
+                found[at] = run.change_set(k)
+        for (p, m, v), hyper, actual in zip(members, hypers, found, strict=True):
+            flat = (p.reshape(-1), m.reshape(-1), v.reshape(-1))
+            indices, low, high = _invert_chunk(*flat, hyper, torch.float16, GUARD_ULPS)
+            assert indices.tolist() == actual.indices.tolist()
+            assert bits_of(low) == bits_of(actual.base_low)
+            assert bits_of(high) == bits_of(actual.base_high)
+
+    check()
+    members[1][0] = members[1][0].clone() * 1.5  # replaced
+    check()
+    p, m, v = members[2]
+    p.data, m.data, v.data = p.data[:700], m.data[:700], v.data[:700]  # resized in place
+    check()
+    p, m, v = members[0]  # 1024 elements: transposed in place, same address and size
+    p.data, m.data, v.data = (t.data.view(32, 32).t() for t in (p, m, v))
+    check()
+    members[4][0].data = members[4][0].data.view(torch.int32)  # same address and size
+    with pytest.raises(PrecisionError):
+        check()

@@ -168,7 +168,7 @@ def record_batch(members: Sequence[tuple[torch.Tensor, torch.Tensor, torch.Tenso
     device = flats[0][0].device
 
     def launch(group: batch.Group):
-        dtype = group.key
+        dtype = dtypes[group.members[0]]
         counts = torch.empty(group.tiles, dtype=torch.int32, device=device)
         slab = torch.empty(group.tiles * capacity, dtype=torch.int32, device=device)
         config = {"PAYLOAD": _PAYLOAD[dtype], "NAN_ABOVE": _NAN_ABOVE[dtype], "COPY": copy,
@@ -195,7 +195,7 @@ def record_batch(members: Sequence[tuple[torch.Tensor, torch.Tensor, torch.Tenso
         if dense:
             _record_dense[(group.tiles,)](*tables, firsts, indices, old, group.tiles, total,
                                           group.steps, **config)
-        values = old[0].view(group.key)
+        values = old[0].view(dtypes[group.members[0]])
         found.append(ChangeRun(group.members, tuple(batch.member_counts(member_ends)), indices,
                                values, values))
 

@@ -48,6 +48,8 @@ from .staging import (advance, gather, locate, member_offset, narrow, on_device,
 
 ROWS = 128
 """Rows of 8 elements per tile (``staging.py``)."""
+TILE = ROWS * 8
+"""Elements per tile (``batch.plan``'s ``tile_elements``)."""
 WARPS = 4
 WAVES = 16
 """Programs per multiprocessor (``staging.programs``)."""
@@ -201,17 +203,20 @@ def _dense(p_ptr, m_ptr, v_ptr, offsets_ptr, width, numels_ptr, starts_ptr, coun
 _PAYLOAD = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
 
 
-def _keys(hypers: Sequence[AdamWStep], dtypes: Sequence[torch.dtype], guard_ulps: float
-          ) -> list[tuple]:
+def configurations(hypers: Sequence[AdamWStep], dtypes: Sequence[torch.dtype],
+                   guard_ulps: float) -> list[tuple]:
     """Per tensor its kernel configuration and payload dtype (``batch.plan``'s keys).
-    Neighbours mostly share a parameter group, so a key equal to the previous tensor's is
-    that same tuple: one comparison instead of a cache lookup (a hash and a comparison),
-    and ``plan`` then matches keys by identity."""
+    Neighbours mostly share a parameter group (and ``torch_adamw_states`` then one step
+    object), so a key equal to the previous tensor's is that same tuple: an identity
+    test, or one comparison, instead of a cache lookup (a hash and a comparison), and
+    ``batch.key_ids`` then matches keys by identity."""
     keys = []
     key = last = last_dtype = None
     for hyper, dtype in zip(hypers, dtypes):
-        if hyper != last or dtype != last_dtype:
-            key, last, last_dtype = (*_config(hyper, guard_ulps), dtype), hyper, dtype
+        if hyper is not last or dtype is not last_dtype:
+            if not (hyper == last and dtype == last_dtype):  # == alone: != wraps it
+                key = (*_config(hyper, guard_ulps), dtype)
+            last, last_dtype = hyper, dtype
         keys.append(key)
     return keys
 
@@ -227,14 +232,22 @@ def invert_batch(flats: Sequence[tuple[torch.Tensor, torch.Tensor, torch.Tensor]
     Synchronises with the host once per ``batch.GROUP_ELEMENTS`` elements, to size the
     outputs, while the device works on the next group.
     """
+    keys = configurations(hypers, dtypes, guard_ulps)
+    return invert_planned(flats, keys, batch.plan(flats, keys, tile_elements=TILE))
+
+
+def invert_planned(flats: Sequence[tuple[torch.Tensor, torch.Tensor, torch.Tensor]],
+                   keys: Sequence[tuple], groups: Sequence[batch.Group]) -> list[ChangeRun]:
+    """``invert_batch`` with its configurations (``configurations``) and its plan
+    (``batch.plan`` of ``flats`` and ``keys`` with tiles of ``TILE``) given: a caller
+    that keeps the plan between calls (``inversion.Inverter``) builds neither again."""
     assert ROWS * 8 <= 1 << 15, "tile offsets are staged as int16"
-    keys = _keys(hypers, dtypes, guard_ulps)
     found: list[ChangeRun] = []
     slab = ROWS * 8 // SLAB_FRACTION
     device = flats[0][0].device
 
     def launch(group: batch.Group):
-        scalars, decay_is_one, dtype = group.key
+        scalars, decay_is_one, dtype = keys[group.members[0]]
         counts = torch.empty(group.tiles, dtype=torch.int32, device=device)
         staged = torch.empty(group.tiles * slab, dtype=torch.int64, device=device)
         config = {"DECAY_IS_ONE": decay_is_one, "PAYLOAD": _PAYLOAD[dtype], "ROWS": ROWS,
@@ -259,12 +272,11 @@ def invert_batch(flats: Sequence[tuple[torch.Tensor, torch.Tensor, torch.Tensor]
                                  capacity=slab)
         if dense:
             _dense[(group.tiles,)](*tables, firsts, indices, bounds, total, group.steps,
-                                   *group.key[0], num_warps=WARPS, **config)
-        dtype = group.key[2]
+                                   *keys[group.members[0]][0], num_warps=WARPS, **config)
+        dtype = keys[group.members[0]][2]
         found.append(ChangeRun(group.members, tuple(batch.member_counts(member_ends)), indices,
                                bounds[0].view(dtype), bounds[1].view(dtype)))
 
     with on_device(device):
-        batch.pipelined(batch.plan(flats, keys, tile_elements=ROWS * 8), launch,
-                        lambda launched: launched[-1], finish)
+        batch.pipelined(groups, launch, lambda launched: launched[-1], finish)
     return found

@@ -16,7 +16,7 @@ import torch
 
 from .changes import ChangeSet, FlatChanges
 from .errors import StepGapError
-from .inversion import invert_runs
+from .inversion import Inverter
 from .torch_adamw import AdamWState, torch_adamw_states
 
 
@@ -32,6 +32,7 @@ class AdamWSteps:
         self._names = names
         self._stepped: dict[str, AdamWState] = {}
         self._synced: dict[str, int] = {}
+        self._inverter = Inverter()
 
     def record(self, optimizer: torch.optim.Optimizer) -> None:
         """Call right after ``optimizer.step()`` (before any lr scheduler step)."""
@@ -68,7 +69,7 @@ class AdamWSteps:
         stepped = {name: self._stepped[name] for name in models if name in self._stepped}
         synced = self._synced
         names = list(stepped)
-        found, runs = invert_runs(
+        found, runs = self._inverter.runs(
             names, [(s.param, s.exp_avg, s.exp_avg_sq) for s in stepped.values()],
             [s.hyper for s in stepped.values()], [synced.get(name, 0) for name in stepped],
             [models[name].dtype for name in stepped])
