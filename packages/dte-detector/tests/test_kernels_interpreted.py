@@ -171,3 +171,50 @@ def test_interpreted_inverter_replans_a_replaced_resized_retyped_or_strided_tens
     members[4][0].data = members[4][0].data.view(torch.int32)  # same address and size
     with pytest.raises(PrecisionError):
         check()
+
+
+@pytest.mark.parametrize("slab_fraction", [1, 4, 1024])
+@pytest.mark.parametrize("copy", [True, False])
+def test_interpreted_cast_is_the_reference(monkeypatch, slab_fraction, copy):
+    """``record_and_copy_all`` (or ``record_all`` then the copies) through the cast
+    kernels, over fp16 tensors around the tile size that move by much or little (NaN,
+    -0 and inf among them), two steps, with slabs that hold a whole tile, the default
+    quarter, or one pair (nearly every tile dense: counted by the first pass, done again
+    by the dense pass): the reference's model bits, dirty maps and change sets."""
+    from detector_cases import record_all
+
+    from dte_detector import CastDetector, cast_kernel, dispatch
+
+    monkeypatch.setattr(cast_kernel, "SLAB_FRACTION", slab_fraction)
+    gen = torch.Generator().manual_seed(7)
+    trajectories = []
+    for n, scale in ((7, 1e-3), (1025, 1e-3), (3001, 1e-6), (2048, 3e-5)):
+        master = torch.randn(n, generator=gen) * 0.02
+        steps = []
+        for _ in range(2):
+            master = master + torch.randn(n, generator=gen) * scale
+            step = master.clone()
+            pick = torch.randint(0, 64, (n,), generator=gen)
+            step[pick == 0], step[pick == 1], step[pick == 2] = float("nan"), -0.0, float("inf")
+            steps.append(step)
+        trajectories.append(steps)
+
+    def run() -> tuple[CastDetector, dict[str, torch.Tensor]]:
+        detector = CastDetector()
+        models = {str(i): t[0].to(torch.float16) for i, t in enumerate(trajectories)}
+        for step in range(2):
+            record_all(detector, {name: (trajectories[int(name)][step], model)
+                                  for name, model in models.items()}, copy=copy)
+        return detector, models
+
+    expected, expected_models = run()
+    monkeypatch.setattr(dispatch, "kernels_for", lambda *tensors, payload: True)
+    actual, actual_models = run()
+    assert 2 == actual._fused_passes
+    for name, model in actual_models.items():
+        assert bits_of(expected_models[name]) == bits_of(model)
+        assert expected._dirty[name].tolist() == actual._dirty[name].tolist()
+        want, got = expected.changes(name, expected_models[name]), actual.changes(name, model)
+        assert want.indices.tolist() == got.indices.tolist()
+        assert bits_of(want.base_low) == bits_of(got.base_low)
+        assert bits_of(want.base_high) == bits_of(got.base_high)

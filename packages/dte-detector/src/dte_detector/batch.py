@@ -159,13 +159,25 @@ def _tables(runs, layout, device: torch.device, sizes: tuple[int, ...],
     return groups
 
 
-def member_ends(group: Group, ends: torch.Tensor) -> torch.Tensor:
-    """Each member's end in the group's outputs, from the per-tile cumulative counts."""
-    return ends.index_select(0, group.lasts)  # not ends[lasts]: torch's indexing costs more
+def scratch(group: Group, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """A group's int64 tile counts (its pass writes them) and its sizes for the host: the
+    count of dense tiles (zeroed: its pass adds each such tile), then each member's end
+    in the outputs (``tile_ends``)."""
+    return (torch.empty(group.tiles, dtype=torch.int64, device=device),
+            torch.zeros(len(group.members) + 1, dtype=torch.int64, device=device))
+
+
+def tile_ends(group: Group, counts: torch.Tensor, sizes: torch.Tensor) -> torch.Tensor:
+    """Each tile's end in the group's outputs (the inclusive cumulative counts); writes
+    each member's end into ``sizes`` after the dense-tile count (``scratch``)."""
+    ends = torch.cumsum(counts, 0)
+    # not ends[lasts]: torch's indexing costs more; out=: no concatenation with the count
+    torch.index_select(ends, 0, group.lasts, out=sizes[1:])
+    return ends
 
 
 def member_counts(ends: Sequence[int]) -> list[int]:
-    """Each member's output count from the host copy of its end (``member_ends``)."""
+    """Each member's output count from the host copy of its end (``tile_ends``)."""
     return [end - begin for begin, end in zip([0, *ends], ends)]
 
 
