@@ -133,14 +133,17 @@ def test_interpreted_inverter_replans_a_replaced_resized_retyped_or_strided_tens
     """``Inverter`` keeps its layout across calls only while every tensor keeps its
     address, size, dtype and contiguity: a master replaced by another tensor, resized in
     place, given another dtype in place (a typed error, as on a first call) or made
-    non-contiguous in place gives the reference's change sets again, bit for bit."""
-    import pytest
-
-    from dte_detector import dispatch
+    non-contiguous in place gives the reference's change sets again, bit for bit; the
+    same tensors again are not planned again."""
+    from dte_detector import batch, dispatch
     from dte_detector.errors import PrecisionError
     from dte_detector.inversion import Inverter
 
     monkeypatch.setattr(dispatch, "kernels_for", lambda *tensors, payload: True)
+    plans = []
+    planned = batch.plan
+    monkeypatch.setattr(batch, "plan", lambda *args, **kwargs: plans.append(1) or planned(
+        *args, **kwargs))
     members = [list(flat) for flat, _ in _members()[6:12]]
     hypers = [hyper for _, hyper in _members()[6:12]]
     inverter = Inverter()
@@ -160,11 +163,14 @@ def test_interpreted_inverter_replans_a_replaced_resized_retyped_or_strided_tens
             assert bits_of(high) == bits_of(actual.base_high)
 
     check()
+    check()
+    assert 1 == len(plans)  # the same tensors: nothing planned again
     members[1][0] = members[1][0].clone() * 1.5  # replaced
     check()
     p, m, v = members[2]
     p.data, m.data, v.data = p.data[:700], m.data[:700], v.data[:700]  # resized in place
     check()
+    assert 3 == len(plans)
     p, m, v = members[0]  # 1024 elements: transposed in place, same address and size
     p.data, m.data, v.data = (t.data.view(32, 32).t() for t in (p, m, v))
     check()
