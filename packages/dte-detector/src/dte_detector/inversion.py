@@ -226,12 +226,12 @@ class Inverter:
         if (list(map(_DTYPE, flat)).count(torch.float32) != len(flat)
                 or moved.count(1) + moved.count(0) != len(moved)):
             _raise_first(names, states, hypers, previous)
-        # one pointer, dtype list and the rest per call; devices follow from the addresses
-        # (CUDA's unified addressing gives every device and the host ranges of their own)
+        # every dtype is fp32 here; the devices follow from the addresses (CUDA's unified
+        # addressing gives each device and the host address ranges of their own)
         signature = (list(map(torch.Tensor.data_ptr, flat)),
                      list(map(torch.Tensor.is_contiguous, flat)),
                      list(map(torch.Tensor.numel, flat[::3])), moved, list(dtypes),
-                     dispatch.forced(), guard_ulps)
+                     dispatch.forced())
         kept = self._kept
         if kept is None or kept.signature != signature:
             kept = self._kept = _Layout.of(states, moved, dtypes, signature)

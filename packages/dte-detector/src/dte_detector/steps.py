@@ -60,8 +60,9 @@ class AdamWSteps:
         return self.changes_all({name: model})[name]
 
     def changes_all(self, models: Mapping[str, torch.Tensor]) -> FlatChanges:
-        """``changes`` of every ``name: model``, inverted together (``inversion.invert_runs``),
-        in ``models``' order; the fused kernels' results stay in their flat runs.
+        """``changes`` of every ``name: model``, inverted together (``inversion.Inverter``:
+        what depends only on the tensors' layout is kept from the last call), in
+        ``models``' order; the fused kernels' results stay in their flat runs.
 
         Raises:
             StepGapError: more than one step since the commit, for any of them.
