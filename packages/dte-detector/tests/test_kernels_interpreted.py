@@ -137,7 +137,7 @@ def test_interpreted_inverter_replans_a_replaced_resized_retyped_or_strided_tens
     same tensors again are not planned again."""
     from dte_detector import batch, dispatch
     from dte_detector.errors import PrecisionError
-    from dte_detector.inversion import Inverter
+    from dte_detector.inverter import Inverter
 
     monkeypatch.setattr(dispatch, "kernels_for", lambda *tensors, payload: True)
     plans = []

@@ -243,7 +243,7 @@ def invert_planned(flats: Sequence[tuple[torch.Tensor, torch.Tensor, torch.Tenso
                    keys: Sequence[tuple], groups: Sequence[batch.Group]) -> list[ChangeRun]:
     """``invert_batch`` with its configurations (``configurations``) and its plan
     (``batch.plan`` of ``flats`` and ``keys`` with tiles of ``TILE``) given: a caller
-    that keeps the plan between calls (``inversion.Inverter``) builds neither again."""
+    that keeps the plan between calls (``inverter.Inverter``) builds neither again."""
     assert ROWS * 8 <= 1 << 15, "tile offsets are staged as int16"
     found: list[ChangeRun] = []
     slab = ROWS * 8 // SLAB_FRACTION

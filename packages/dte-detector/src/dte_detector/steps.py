@@ -16,7 +16,7 @@ import torch
 
 from .changes import ChangeSet, FlatChanges
 from .errors import StepGapError
-from .inversion import Inverter
+from .inverter import Inverter
 from .torch_adamw import AdamWState, torch_adamw_states
 
 
@@ -60,7 +60,7 @@ class AdamWSteps:
         return self.changes_all({name: model})[name]
 
     def changes_all(self, models: Mapping[str, torch.Tensor]) -> FlatChanges:
-        """``changes`` of every ``name: model``, inverted together (``inversion.Inverter``:
+        """``changes`` of every ``name: model``, inverted together (``inverter.Inverter``:
         what depends only on the tensors' layout is kept from the last call), in
         ``models``' order; the fused kernels' results stay in their flat runs.
 
