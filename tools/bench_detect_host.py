@@ -1,9 +1,9 @@
 """Host time of the fused inversion's sync: ``AdamWSteps.changes_all`` with its kernels
 replaced, in two rows.
 
-- front: what the GPU waits for before its first ``_mark`` launch (``invert_adamw_all``
-  checks, per-tensor bookkeeping, kernel configurations and ``batch.plan``):
-  ``inversion_kernel.invert_batch`` is replaced by its host part up to the first launch.
+- front: what the GPU waits for before its first ``_mark`` launch (the checks, the
+  per-tensor bookkeeping, kernel configurations, the plan and the first group's scratch):
+  the call as it runs, stopped by ``_mark``'s stand-in at that launch.
 - whole: the whole call, ``invert_batch`` included (launch, pipelined sizing, each
   group's finish and the change sets handed back), with the Triton launches replaced by
   stand-ins (``_mark`` writes a fixed count per tile, ``_gather`` does nothing), over
@@ -26,20 +26,23 @@ import time
 
 import torch
 
-from dte_detector import batch, changes, dispatch, inversion_kernel, staging
+from dte_detector import batch, dispatch, inversion_kernel, staging
 from dte_detector.inversion import AdamWStep
 from dte_detector.steps import AdamWSteps
 from dte_detector.torch_adamw import AdamWState
 
 
-def _front(flats, hypers, dtypes, *, guard_ulps):
-    """``invert_batch`` up to its first launch: configurations and the plan."""
-    keys = [(*inversion_kernel._config(h, guard_ulps), d) for h, d in zip(hypers, dtypes)]
-    batch.plan(flats, keys, tile_elements=inversion_kernel.ROWS * 8)
-    if not hasattr(changes, "ChangeRun"):  # an older tree: a change set per tensor
-        return [None] * len(flats)
-    empty = torch.empty(0)
-    return [changes.ChangeRun(tuple(range(len(flats))), (0,) * len(flats), empty, empty, empty)]
+class _Launched(Exception):
+    """Raised by ``_Stop``: the first kernel launch was reached."""
+
+
+class _Stop:
+    """Stands for ``_mark`` in the front row: ends the call at its first launch."""
+
+    def __getitem__(self, grid):
+        def launch(*args, **kwargs):
+            raise _Launched
+        return launch
 
 
 class _Counts:
@@ -66,9 +69,8 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=50)
     args = parser.parse_args()
     torch.set_num_threads(1)
-    whole = inversion_kernel.invert_batch
     dispatch.kernels_for = lambda *tensors, payload: True
-    inversion_kernel._mark, staging._gather = _Counts(2), _NoLaunch()
+    staging._gather = _NoLaunch()
     steps = AdamWSteps(lambda param: [])
     params = [torch.zeros(64 if i % 3 else 8) for i in range(args.tensors)]
     moments = [(torch.zeros_like(p), torch.zeros_like(p)) for p in params]
@@ -77,19 +79,23 @@ def main() -> None:
 
     def stepped(step: int) -> None:
         """The state after optimizer step ``step``, as ``AdamWSteps.record`` keeps it: new
-        state objects and step counts (so the kernels' configurations are new too)."""
+        state objects and step counts (so the kernels' configurations are new too), one
+        step object for the one parameter group (as ``torch_adamw_states`` builds them)."""
+        hyper = AdamWStep(lr=3e-6, weight_decay=0.003, step=step)
         for i, (param, (m, v)) in enumerate(zip(params, moments)):
-            hyper = AdamWStep(lr=3e-6, weight_decay=0.003, step=step)
             steps._stepped[f"w{i}"] = AdamWState(param, m, v, hyper)
             steps._synced[f"w{i}"] = step - 1
 
-    for label, invert in (("front", _front), ("whole", whole)):
-        inversion_kernel.invert_batch = invert
+    for label, mark in (("front", _Stop()), ("whole", _Counts(2))):
+        inversion_kernel._mark = mark
         samples = []
         for rep in range(args.reps + 3):
             stepped(rep + 1)
             start = time.perf_counter()
-            steps.changes_all(models)
+            try:
+                steps.changes_all(models)
+            except _Launched:
+                pass
             samples.append((time.perf_counter() - start) * 1e3)
         samples = sorted(samples[3:])
         print(f"| changes_all host {label} | {args.tensors} tensors, {args.groups} groups | "

@@ -32,9 +32,9 @@ WARPS = 4
 _SCALARS = {"inv_sqrt_bc2", "eps", "step_size", "inv_decay", "relative", "bias", "floor",
             "underflow", "half_eta"}
 _POINTERS = {"p_ptr": "*fp32", "m_ptr": "*fp32", "v_ptr": "*fp32", "master_ptr": "*fp32",
-             "model_ptr": "*i16", "dirty_ptr": "*u8", "counts_ptr": "*i32"}
-"""Pointer types as the launches pass them; the rest are int64 tables and slabs, except
-the cast's int32 slab (also passed as its unused output pointers)."""
+             "model_ptr": "*i16", "dirty_ptr": "*u8"}
+"""Pointer types as the launches pass them; the rest are int64 tables, counts and slabs,
+except the cast's int32 slab (also passed as its unused output pointers)."""
 _CAST_SLAB = {"slab_ptr": "*i32", "index_ptr": "*i32", "old_ptr": "*i32"}
 _INSTRUCTION = re.compile(r"\s*/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;")
 _BRANCH = re.compile(r"(@!?U?P\w+\s+)?BRA\s+(?:`\(\.L_x_\d+\)|0x)?([0-9a-f]+)")

@@ -46,21 +46,21 @@ def test_keys_alignment_and_the_size_budget_split_groups(monkeypatch):
     aligned = _members(1000, 1000, 1000, 5000)
     unaligned = _members(8, offset=1)
     groups = batch.plan([*aligned, *unaligned], ["a", "b", "a", "a", "a"], tile_elements=1024)
-    assert [((0, 2), "a", True), ((3,), "a", True), ((1,), "b", True), ((4,), "a", False)] == [
-        (g.members, g.key, g.aligned) for g in groups]
+    assert [((0, 2), True), ((3,), True), ((1,), True), ((4,), False)] == [
+        (g.members, g.aligned) for g in groups]
 
 
-def test_a_repeated_plan_reuses_its_device_tables_with_the_new_keys():
+def test_a_repeated_plan_reuses_its_device_tables_for_other_keys_of_one_pattern():
     """The same addresses, sizes and key pattern give the same tables (nothing rebuilt or
-    copied), each group carrying the keys of this call; another layout gets its own."""
+    copied), whatever the keys; another pattern gets its own."""
     members = _members(1000, 3000, 5)
     first = batch.plan(members, ["a", "b", "a"], tile_elements=1024)
     again = batch.plan(members, ["c", "d", "c"], tile_elements=1024)
-    assert [((0, 2), "a"), ((1,), "b")] == [(g.members, g.key) for g in first]
-    assert [((0, 2), "c"), ((1,), "d")] == [(g.members, g.key) for g in again]
+    assert [(0, 2), (1,)] == [g.members for g in first]
+    assert [(0, 2), (1,)] == [g.members for g in again]
     assert all(a.starts is b.starts and a.offsets is b.offsets for a, b in zip(first, again))
     merged = batch.plan(members, ["c", "c", "c"], tile_elements=1024)
-    assert [((0, 1, 2), "c")] == [(g.members, g.key) for g in merged]
+    assert [(0, 1, 2)] == [g.members for g in merged]
     assert [0, 1, 4, 5] == merged[0].starts.tolist()[:4]
     assert [0, 3, 4] == merged[0].lasts.tolist()
     assert 3000 == merged[0].numel
@@ -81,6 +81,13 @@ def test_a_replaced_or_resized_member_gets_a_new_plan():
     (group,) = batch.plan(resized, ["a"] * 3, tile_elements=1024)
     assert [0, 1, 4, 5] == group.starts.tolist()[:4]
     assert [1000, 2500, 5] == group.numels.tolist()[:3]
+
+
+def test_key_ids_number_distinct_keys_in_order_of_first_appearance():
+    """Equal keys get one number whether or not they are one object; the numbers follow
+    first appearance."""
+    a, b = ("x", 1), ("y", 2)
+    assert (0, 0, 1, 0, 1, 2) == batch.key_ids([a, a, b, ("x", 1), b, "z"])
 
 
 def test_every_table_starts_on_a_16_byte_boundary():

@@ -126,3 +126,101 @@ def test_interpreted_columns_mix_kernels_and_reference(monkeypatch, fused):
         assert indices.tolist() == actual.indices.tolist()
         assert bits_of(low) == bits_of(actual.base_low)
         assert bits_of(high) == bits_of(actual.base_high)
+
+
+def test_interpreted_inverter_replans_a_replaced_resized_retyped_or_strided_tensor(
+        monkeypatch):
+    """``Inverter`` keeps its layout across calls only while every tensor keeps its
+    address, size, dtype and contiguity: a master replaced by another tensor, resized in
+    place, given another dtype in place (a typed error, as on a first call) or made
+    non-contiguous in place gives the reference's change sets again, bit for bit; the
+    same tensors again are not planned again."""
+    from dte_detector import batch, dispatch
+    from dte_detector.errors import PrecisionError
+    from dte_detector.inverter import Inverter
+
+    monkeypatch.setattr(dispatch, "kernels_for", lambda *tensors, payload: True)
+    plans = []
+    planned = batch.plan
+    monkeypatch.setattr(batch, "plan", lambda *args, **kwargs: plans.append(1) or planned(
+        *args, **kwargs))
+    members = [list(flat) for flat, _ in _members()[6:12]]
+    hypers = [hyper for _, hyper in _members()[6:12]]
+    inverter = Inverter()
+
+    def check() -> None:
+        found, runs = inverter.runs([f"t{k}" for k in range(len(members))],
+                                    [tuple(m) for m in members], hypers,
+                                    [h.step - 1 for h in hypers], [torch.float16] * len(members))
+        for run in runs:
+            for k, at in enumerate(run.names):
+                found[at] = run.change_set(k)
+        for (p, m, v), hyper, actual in zip(members, hypers, found, strict=True):
+            flat = (p.reshape(-1), m.reshape(-1), v.reshape(-1))
+            indices, low, high = _invert_chunk(*flat, hyper, torch.float16, GUARD_ULPS)
+            assert indices.tolist() == actual.indices.tolist()
+            assert bits_of(low) == bits_of(actual.base_low)
+            assert bits_of(high) == bits_of(actual.base_high)
+
+    check()
+    check()
+    assert 1 == len(plans)  # the same tensors: nothing planned again
+    members[1][0] = members[1][0].clone() * 1.5  # replaced
+    check()
+    p, m, v = members[2]
+    p.data, m.data, v.data = p.data[:700], m.data[:700], v.data[:700]  # resized in place
+    check()
+    assert 3 == len(plans)
+    p, m, v = members[0]  # 1024 elements: transposed in place, same address and size
+    p.data, m.data, v.data = (t.data.view(32, 32).t() for t in (p, m, v))
+    check()
+    members[4][0].data = members[4][0].data.view(torch.int32)  # same address and size
+    with pytest.raises(PrecisionError):
+        check()
+
+
+@pytest.mark.parametrize("slab_fraction", [1, 4, 1024])
+@pytest.mark.parametrize("copy", [True, False])
+def test_interpreted_cast_is_the_reference(monkeypatch, slab_fraction, copy):
+    """``record_and_copy_all`` (or ``record_all`` then the copies) through the cast
+    kernels, over fp16 tensors around the tile size that move by much or little (NaN,
+    -0 and inf among them), two steps, with slabs that hold a whole tile, the default
+    quarter, or one pair (nearly every tile dense: counted by the first pass, done again
+    by the dense pass): the reference's model bits, dirty maps and change sets."""
+    from detector_cases import record_all
+
+    from dte_detector import CastDetector, cast_kernel, dispatch
+
+    monkeypatch.setattr(cast_kernel, "SLAB_FRACTION", slab_fraction)
+    gen = torch.Generator().manual_seed(7)
+    trajectories = []
+    for n, scale in ((7, 1e-3), (1025, 1e-3), (3001, 1e-6), (2048, 3e-5)):
+        master = torch.randn(n, generator=gen) * 0.02
+        steps = []
+        for _ in range(2):
+            master = master + torch.randn(n, generator=gen) * scale
+            step = master.clone()
+            pick = torch.randint(0, 64, (n,), generator=gen)
+            step[pick == 0], step[pick == 1], step[pick == 2] = float("nan"), -0.0, float("inf")
+            steps.append(step)
+        trajectories.append(steps)
+
+    def run() -> tuple[CastDetector, dict[str, torch.Tensor]]:
+        detector = CastDetector()
+        models = {str(i): t[0].to(torch.float16) for i, t in enumerate(trajectories)}
+        for step in range(2):
+            record_all(detector, {name: (trajectories[int(name)][step], model)
+                                  for name, model in models.items()}, copy=copy)
+        return detector, models
+
+    expected, expected_models = run()
+    monkeypatch.setattr(dispatch, "kernels_for", lambda *tensors, payload: True)
+    actual, actual_models = run()
+    assert 2 == actual._fused_passes
+    for name, model in actual_models.items():
+        assert bits_of(expected_models[name]) == bits_of(model)
+        assert expected._dirty[name].tolist() == actual._dirty[name].tolist()
+        want, got = expected.changes(name, expected_models[name]), actual.changes(name, model)
+        assert want.indices.tolist() == got.indices.tolist()
+        assert bits_of(want.base_low) == bits_of(got.base_low)
+        assert bits_of(want.base_high) == bits_of(got.base_high)

@@ -40,6 +40,24 @@ def test_reads_the_hyper_parameters_and_step(impl):
     assert optimizer.state[second]["exp_avg_sq"] is states[1].exp_avg_sq
 
 
+def test_parameters_of_one_group_and_step_share_one_step_object():
+    """One ``AdamWStep`` per group and step count (what the inversion's configurations
+    tell apart by identity); a parameter that skipped a step, or another group with the
+    same settings, gets its own, equal or not."""
+    a, b, skipped = (torch.nn.Parameter(torch.zeros(2)) for _ in range(3))
+    other = torch.nn.Parameter(torch.zeros(2))
+    optimizer = _stepped(torch.optim.AdamW, [{"params": [a, b, skipped]}, {"params": [other]}],
+                         lr=1e-5)
+    for param in (a, b, other):
+        param.grad = torch.ones_like(param)
+    skipped.grad = None
+    optimizer.step()
+    first, second, third, fourth = (s.hyper for s in torch_adamw_states(optimizer))
+    assert first is second
+    assert (2, 1, 2) == (first.step, third.step, fourth.step)
+    assert first is not fourth and first == fourth
+
+
 def test_skips_parameters_that_never_stepped():
     """A parameter without gradient has no state yet and is left out."""
     used, unused = torch.nn.Parameter(torch.zeros(2)), torch.nn.Parameter(torch.zeros(2))

@@ -53,8 +53,8 @@ class Group:
     """Members of one kernel launch and the device tables that locate them."""
 
     members: tuple[int, ...]
-    """Positions of the members in the caller's list."""
-    key: Hashable
+    """Positions of the members in the caller's list (all with one key: the group's key
+    is its first member's)."""
     tiles: int
     starts: torch.Tensor
     """int64: each member's first tile, then ``tiles``, padded to ``2**steps``."""
@@ -75,15 +75,27 @@ def plan(tensors: Sequence[Sequence[torch.Tensor]], keys: Sequence[Hashable], *,
          tile_elements: int) -> list[Group]:
     """Group flat contiguous tensors of one device (``tensors[i]``: member ``i``'s
     tensors, one per kind; the first sets the member's size) for kernels over tiles of
-    ``tile_elements``; a group addresses its members from ``tensors[group.members[0]]``."""
-    ids: dict[Hashable, int] = {}
-    shared = tuple([ids.setdefault(key, len(ids)) for key in keys])
+    ``tile_elements``; a group addresses its members from ``tensors[group.members[0]]``
+    and has ``keys[group.members[0]]`` as its key."""
     first = tensors[0]
-    groups = _plan(tuple([t.data_ptr() for kinds in tensors for t in kinds]),
-                   tuple([kinds[0].numel() for kinds in tensors]), shared, first[0].device,
-                   tuple(t.element_size() for t in first), tile_elements, GROUP_ELEMENTS)
-    distinct = tuple(ids)
-    return [attrs.evolve(group, key=distinct[group.key]) for group in groups]
+    return _plan(tuple([t.data_ptr() for kinds in tensors for t in kinds]),
+                 tuple([kinds[0].numel() for kinds in tensors]), key_ids(keys),
+                 first[0].device, tuple(t.element_size() for t in first), tile_elements,
+                 GROUP_ELEMENTS)
+
+
+def key_ids(keys: Sequence[Hashable]) -> tuple[int, ...]:
+    """Each key's number among the distinct keys, in order of first appearance: which
+    members may share a group (what ``plan`` depends on, not the keys themselves). A key
+    that is the previous one's object is not hashed again (neighbours mostly share one)."""
+    ids: dict[Hashable, int] = {}
+    numbered: list[int] = []
+    last, at = ids, -1  # ids: an object no key is
+    for key in keys:
+        if key is not last:
+            last, at = key, ids.setdefault(key, len(ids))
+        numbered.append(at)
+    return tuple(numbered)
 
 
 @functools.lru_cache(maxsize=_PLANS)
@@ -91,7 +103,7 @@ def _plan(pointers: tuple[int, ...], numels: tuple[int, ...], shared: tuple[int,
           device: torch.device, sizes: tuple[int, ...], tile_elements: int,
           group_elements: int) -> list[Group]:
     """``plan`` from the members' addresses (``len(sizes)`` per member) and sizes and
-    their keys' ids (``shared``), which the groups hold as their keys."""
+    their keys' ids (``shared``)."""
     kinds = len(sizes)
     layout = [(pointers[i * kinds:(i + 1) * kinds], numel) for i, numel in enumerate(numels)]
     buckets: dict[Hashable, list[int]] = {}
@@ -117,7 +129,7 @@ def _tables(runs, layout, device: torch.device, sizes: tuple[int, ...],
     """Build every group's tables on the host and copy them to the device at once."""
     host: list[int] = []
     placed = []
-    for (key, aligned, dtype), members in runs:
+    for (_, aligned, dtype), members in runs:
         first = layout[members[0]][0]
         numels = [layout[i][1] for i in members]
         tiles = [-(-n // tile_elements) for n in numels]
@@ -134,26 +146,38 @@ def _tables(runs, layout, device: torch.device, sizes: tuple[int, ...],
             host += [0] * (-len(host) % _TABLE_ALIGN)
             at.append((len(host), len(host) + len(segment)))
             host += segment
-        placed.append((key, aligned, dtype, members, starts[len(members)], steps, at,
+        placed.append((aligned, dtype, members, starts[len(members)], steps, at,
                        len(first), max(numels)))
     table = torch.tensor(host, dtype=torch.int64)
     if device.type == "cuda":  # pinned, so that the copy does not wait for the device
         table = table.pin_memory().to(device, non_blocking=True)
     groups = []
-    for key, aligned, dtype, members, tiles, steps, at, kinds, numel in placed:
+    for aligned, dtype, members, tiles, steps, at, kinds, numel in placed:
         starts, numels, offsets, lasts = (table[begin:end] for begin, end in at)
-        groups.append(Group(tuple(members), key, tiles, starts, numels,
+        groups.append(Group(tuple(members), tiles, starts, numels,
                             offsets.view(kinds, -1), lasts, steps, aligned, dtype, numel))
     return groups
 
 
-def member_ends(group: Group, ends: torch.Tensor) -> torch.Tensor:
-    """Each member's end in the group's outputs, from the per-tile cumulative counts."""
-    return ends.index_select(0, group.lasts)  # not ends[lasts]: torch's indexing costs more
+def scratch(group: Group, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """A group's int64 tile counts (its pass writes them) and its sizes for the host: the
+    count of dense tiles (zeroed: its pass adds each such tile), then each member's end
+    in the outputs (``tile_ends``)."""
+    return (torch.empty(group.tiles, dtype=torch.int64, device=device),
+            torch.zeros(len(group.members) + 1, dtype=torch.int64, device=device))
+
+
+def tile_ends(group: Group, counts: torch.Tensor, sizes: torch.Tensor) -> torch.Tensor:
+    """Each tile's end in the group's outputs (the inclusive cumulative counts); writes
+    each member's end into ``sizes`` after the dense-tile count (``scratch``)."""
+    ends = torch.cumsum(counts, 0)
+    # not ends[lasts]: torch's indexing costs more; out=: no concatenation with the count
+    torch.index_select(ends, 0, group.lasts, out=sizes[1:])
+    return ends
 
 
 def member_counts(ends: Sequence[int]) -> list[int]:
-    """Each member's output count from the host copy of its end (``member_ends``)."""
+    """Each member's output count from the host copy of its end (``tile_ends``)."""
     return [end - begin for begin, end in zip([0, *ends], ends)]
 
 

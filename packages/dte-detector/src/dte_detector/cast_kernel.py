@@ -30,7 +30,7 @@ import triton.language as tl
 from . import batch
 from .changes import ChangeRun
 from .staging import (advance, gather, locate, member_offset, narrow, on_device, place,
-                      programs, read_limit, stage, tile_offsets)
+                      programs, read_limit, stage, store_count, tile_offsets)
 
 ROWS = 128
 """Rows of 8 elements per tile; one byte of dirty bits per row."""
@@ -64,13 +64,14 @@ def _load(master_ptr, model_ptr, offsets_ptr, width, numels_ptr, starts_ptr, mem
 
 
 @triton.jit
-def _tile(model_ptr, dirty_ptr, offsets_ptr, width, counts_ptr, slab_ptr,
+def _tile(model_ptr, dirty_ptr, offsets_ptr, width, counts_ptr, dense_ptr, slab_ptr,
           index_ptr, old_ptr, total, tile, master, old, member, own, numel, offsets,
           PAYLOAD: tl.constexpr, NAN_ABOVE: tl.constexpr, COPY: tl.constexpr,
           ROWS: tl.constexpr, KEEP: tl.constexpr, DENSE: tl.constexpr,
           HALF_ALIGN: tl.constexpr):
-    """One tile: stage (or with DENSE, place) its first-seen pairs, OR its flips into the
-    dirty bits and copy its flipped rows, unless the first pass finds it too dense."""
+    """One tile: stage (or with DENSE, place from its first slot: ``slab_ptr`` holds the
+    tiles' ends then) its first-seen pairs, OR its flips into the dirty bits and copy its
+    flipped rows, unless the first pass finds it too dense (and counts it)."""
     columns = tl.arange(0, 8)[None, :]
     local = tl.arange(0, ROWS)[:, None] * 8 + columns
     inside = offsets < numel
@@ -85,11 +86,11 @@ def _tile(model_ptr, dirty_ptr, offsets_ptr, width, counts_ptr, slab_ptr,
     fresh = flips & (1 - ((before[:, None] >> columns) & 1))
     count = tl.sum(tl.sum(fresh, axis=1), axis=0)
     if not DENSE:
-        tl.store(counts_ptr + tile, count)
+        store_count(counts_ptr, dense_ptr, tile, count, KEEP)
     if count <= KEEP:
         if DENSE:
-            place(index_ptr, old_ptr, total, tl.load(slab_ptr + tile), fresh, offsets, old,
-                  old, VALUES=1)
+            place(index_ptr, old_ptr, total, tl.load(slab_ptr + tile) - count, fresh, offsets,
+                  old, old, VALUES=1)
         else:
             stage(slab_ptr, tile, fresh, local, old, old, KEEP)
         row_flips = tl.sum(flips << columns, axis=1)
@@ -105,10 +106,10 @@ def _tile(model_ptr, dirty_ptr, offsets_ptr, width, counts_ptr, slab_ptr,
 
 @triton.jit(do_not_specialize=["tiles", "width", "total"])
 def _record(master_ptr, model_ptr, dirty_ptr, offsets_ptr, width, numels_ptr, starts_ptr,
-            counts_ptr, slab_ptr, index_ptr, old_ptr, tiles, total, PAYLOAD: tl.constexpr,
-            NAN_ABOVE: tl.constexpr, COPY: tl.constexpr, ROWS: tl.constexpr,
-            SLAB: tl.constexpr, FP32_ALIGN: tl.constexpr, HALF_ALIGN: tl.constexpr,
-            NARROW: tl.constexpr):
+            counts_ptr, dense_ptr, slab_ptr, index_ptr, old_ptr, tiles, total,
+            PAYLOAD: tl.constexpr, NAN_ABOVE: tl.constexpr, COPY: tl.constexpr,
+            ROWS: tl.constexpr, SLAB: tl.constexpr, FP32_ALIGN: tl.constexpr,
+            HALF_ALIGN: tl.constexpr, NARROW: tl.constexpr):
     """The first pass: programs walk the tiles, reading the next tile first."""
     first, step = tl.program_id(0), tl.num_programs(0)
     member = advance(starts_ptr, first.to(tl.int64) * 0, first)
@@ -120,7 +121,7 @@ def _record(master_ptr, model_ptr, dirty_ptr, offsets_ptr, width, numels_ptr, st
         master_next, old_next, own_next, numel_next, offsets_next = _load(
             master_ptr, model_ptr, offsets_ptr, width, numels_ptr, starts_ptr, member_next,
             tile + step, ROWS, FP32_ALIGN, HALF_ALIGN, NARROW)
-        _tile(model_ptr, dirty_ptr, offsets_ptr, width, counts_ptr, slab_ptr,
+        _tile(model_ptr, dirty_ptr, offsets_ptr, width, counts_ptr, dense_ptr, slab_ptr,
               index_ptr, old_ptr, total, tile, master, old, member, own, numel, offsets,
               PAYLOAD, NAN_ABOVE, COPY, ROWS, SLAB, False, HALF_ALIGN)
         master, old, member, own, numel = master_next, old_next, member_next, own_next, numel_next
@@ -129,19 +130,20 @@ def _record(master_ptr, model_ptr, dirty_ptr, offsets_ptr, width, numels_ptr, st
 
 @triton.jit(do_not_specialize=["tiles", "width", "total", "steps"])
 def _record_dense(master_ptr, model_ptr, dirty_ptr, offsets_ptr, width, numels_ptr,
-                  starts_ptr, counts_ptr, firsts_ptr, index_ptr, old_ptr, tiles, total, steps,
+                  starts_ptr, counts_ptr, ends_ptr, index_ptr, old_ptr, tiles, total, steps,
                   PAYLOAD: tl.constexpr, NAN_ABOVE: tl.constexpr, COPY: tl.constexpr,
                   ROWS: tl.constexpr, SLAB: tl.constexpr,
                   FP32_ALIGN: tl.constexpr, HALF_ALIGN: tl.constexpr, NARROW: tl.constexpr):
     """The tiles the first pass left (more than SLAB first-seen pairs), one program each,
-    their pairs written straight into the outputs from the tile's first slot."""
+    their pairs written straight into the outputs from the tile's first slot (its end
+    less its count)."""
     tile = tl.program_id(0)
     if tl.load(counts_ptr + tile) > SLAB:
         member = locate(starts_ptr, tile, steps)
         master, old, own, numel, offsets = _load(master_ptr, model_ptr, offsets_ptr, width,
                                                  numels_ptr, starts_ptr, member, tile, ROWS,
                                                  FP32_ALIGN, HALF_ALIGN, NARROW)
-        _tile(model_ptr, dirty_ptr, offsets_ptr, width, counts_ptr, firsts_ptr,
+        _tile(model_ptr, dirty_ptr, offsets_ptr, width, counts_ptr, counts_ptr, ends_ptr,
               index_ptr, old_ptr, total, tile, master, old, member, own, numel, offsets,
               PAYLOAD, NAN_ABOVE, COPY, ROWS, ROWS * 8, True, HALF_ALIGN)
 
@@ -168,8 +170,8 @@ def record_batch(members: Sequence[tuple[torch.Tensor, torch.Tensor, torch.Tenso
     device = flats[0][0].device
 
     def launch(group: batch.Group):
-        dtype = group.key
-        counts = torch.empty(group.tiles, dtype=torch.int32, device=device)
+        dtype = dtypes[group.members[0]]
+        counts, sizes = batch.scratch(group, device)
         slab = torch.empty(group.tiles * capacity, dtype=torch.int32, device=device)
         config = {"PAYLOAD": _PAYLOAD[dtype], "NAN_ABOVE": _NAN_ABOVE[dtype], "COPY": copy,
                   "ROWS": ROWS, "SLAB": capacity, "num_warps": WARPS,
@@ -179,23 +181,19 @@ def record_batch(members: Sequence[tuple[torch.Tensor, torch.Tensor, torch.Tenso
         tables = (*flats[group.members[0]], group.offsets, group.offsets.shape[1], group.numels,
                   group.starts, counts)
         _record[(programs(group.tiles, device, waves=WAVES),)](
-            *tables, slab, slab, slab, group.tiles, 0, **config)
-        ends = torch.cumsum(counts, 0)
-        dense = (counts > capacity).sum().view(1)
-        return tables, config, counts, ends, slab, torch.cat([batch.member_ends(group, ends),
-                                                               dense])
+            *tables, sizes, slab, slab, slab, group.tiles, 0, **config)
+        return tables, config, counts, batch.tile_ends(group, counts, sizes), slab, sizes
 
     def finish(group: batch.Group, launched, sizes: list[int]) -> None:
         tables, config, counts, ends, slab, _ = launched
-        *member_ends, dense = sizes
+        dense, *member_ends = sizes
         total = member_ends[-1]
-        firsts = ends - counts
-        indices, old = gather(counts, firsts, total, slab, group.starts, steps=group.steps,
+        indices, old = gather(counts, ends, total, slab, group.starts, steps=group.steps,
                               numel=group.numel, values=1, rows=ROWS, capacity=capacity)
         if dense:
-            _record_dense[(group.tiles,)](*tables, firsts, indices, old, group.tiles, total,
+            _record_dense[(group.tiles,)](*tables, ends, indices, old, group.tiles, total,
                                           group.steps, **config)
-        values = old[0].view(group.key)
+        values = old[0].view(dtypes[group.members[0]])
         found.append(ChangeRun(group.members, tuple(batch.member_counts(member_ends)), indices,
                                values, values))
 

@@ -33,6 +33,11 @@ def reference() -> Iterator[None]:
         _forced = before
 
 
+def forced() -> bool:
+    """Whether a ``reference()`` block is active (what ``kernels_for`` answers changes)."""
+    return _forced
+
+
 def kernels_for(*tensors: torch.Tensor, payload: torch.dtype) -> bool:
     """Whether the fused kernels handle these tensors and this payload dtype."""
     if _forced or payload not in KERNEL_PAYLOADS or not _triton_installed():

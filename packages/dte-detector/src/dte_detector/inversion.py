@@ -67,9 +67,7 @@ import attrs
 import torch
 from attrs.validators import ge, gt, lt
 
-from . import dispatch
 from .changes import ChangeRun, ChangeSet, index_dtype, int_bits, unknown_bounds
-from .errors import PrecisionError, StepGapError
 
 UNIT_ROUNDOFF = 2.0**-24
 SUBNORMAL_ROUNDING = 2.0**-150
@@ -197,35 +195,8 @@ def invert_runs(names: Sequence[str],
     """``invert_columns`` as the fused kernels leave it: per tensor its change set, or
     None for the members of the runs (keyed by position), whose change sets are views of
     the runs' buffers. Same checks and errors."""
-    fp32 = torch.float32
-    for name, state, hyper, before in zip(names, states, hypers, previous):
-        if state[0].dtype != fp32 or state[1].dtype != fp32 or state[2].dtype != fp32:
-            at = next(k for k, t in enumerate(state) if t.dtype != fp32)
-            raise PrecisionError(name, field=_STATE_FIELDS[at], got=state[at].dtype)
-        if hyper.step != before + 1 and hyper.step != before:
-            raise StepGapError(name, previous=before, current=hyper.step)
-    found: list[ChangeSet | None] = [None] * len(states)
-    fused: dict[torch.device, dict[int, tuple[torch.Tensor, ...]]] = {}
-    for at, ((p, m, v), hyper, before, dtype) in enumerate(zip(states, hypers, previous,
-                                                                dtypes)):
-        if hyper.step == before or not p.numel():
-            found[at] = ChangeSet.empty(p, dtype=dtype)
-        elif dispatch.kernels_for(p, m, v, payload=dtype):
-            fused.setdefault(p.device, {})[at] = (p.contiguous(), m.contiguous(),
-                                                  v.contiguous())
-        else:
-            found[at] = _invert_reference(p.detach().reshape(-1), m.detach().reshape(-1),
-                                          v.detach().reshape(-1), hyper, dtype, guard_ulps)
-    runs: list[ChangeRun] = []
-    for members in fused.values():
-        from .inversion_kernel import invert_batch
-        positions = list(members)
-        found_runs = invert_batch(list(members.values()), [hypers[at] for at in members],
-                                  [dtypes[at] for at in members], guard_ulps=guard_ulps)
-        # positions ascend: they are the runs' own keys 0..n-1 when the last is n - 1
-        same = positions[-1] == len(positions) - 1
-        runs += found_runs if same else [run.named(positions) for run in found_runs]
-    return found, runs
+    from .inverter import Inverter
+    return Inverter().runs(names, states, hypers, previous, dtypes, guard_ulps=guard_ulps)
 
 
 _STATE_FIELDS = ("master", "exp_avg", "exp_avg_sq")

@@ -48,6 +48,8 @@ from .staging import (advance, gather, locate, member_offset, narrow, on_device,
 
 ROWS = 128
 """Rows of 8 elements per tile (``staging.py``)."""
+TILE = ROWS * 8
+"""Elements per tile (``batch.plan``'s ``tile_elements``)."""
 WARPS = 4
 WAVES = 16
 """Programs per multiprocessor (``staging.programs``)."""
@@ -154,12 +156,13 @@ def _load(p_ptr, m_ptr, v_ptr, offsets_ptr, width, numels_ptr, starts_ptr, membe
 
 @triton.jit(do_not_specialize=["tiles", "width"])
 def _mark(p_ptr, m_ptr, v_ptr, offsets_ptr, width, numels_ptr, starts_ptr, counts_ptr,
-          slab_ptr, tiles, inv_sqrt_bc2, eps, step_size, inv_decay, relative, bias, floor,
-          underflow, half_eta, DECAY_IS_ONE: tl.constexpr, PAYLOAD: tl.constexpr,
+          dense_ptr, slab_ptr, tiles, inv_sqrt_bc2, eps, step_size, inv_decay, relative, bias,
+          floor, underflow, half_eta, DECAY_IS_ONE: tl.constexpr, PAYLOAD: tl.constexpr,
           ROWS: tl.constexpr, SLAB: tl.constexpr, ALIGN: tl.constexpr,
           NARROW: tl.constexpr):
     """Per tile: the count of changed elements and the tile offsets and bounds of the
-    first SLAB of them staged in the tile's slab. Reads the next tile first."""
+    first SLAB of them staged in the tile's slab; a tile with more adds one at
+    ``dense_ptr``. Reads the next tile first."""
     first, step = tl.program_id(0), tl.num_programs(0)
     member = advance(starts_ptr, first.to(tl.int64) * 0, first)
     p, m, v, numel, offsets = _load(p_ptr, m_ptr, v_ptr, offsets_ptr, width, numels_ptr,
@@ -174,19 +177,21 @@ def _mark(p_ptr, m_ptr, v_ptr, offsets_ptr, width, numels_ptr, starts_ptr, count
                                       relative, bias, floor, underflow, half_eta,
                                       DECAY_IS_ONE, PAYLOAD)
         flags = (changed & (offsets < numel)).to(tl.int32)
-        stage_counted(slab_ptr, counts_ptr, tile, flags, local, low, high, SLAB)
+        stage_counted(slab_ptr, counts_ptr, dense_ptr, tile, flags, local, low, high, SLAB)
         p, m, v, numel, offsets = p_next, m_next, v_next, numel_next, offsets_next
 
 
 @triton.jit(do_not_specialize=["total", "width", "steps"])
 def _dense(p_ptr, m_ptr, v_ptr, offsets_ptr, width, numels_ptr, starts_ptr, counts_ptr,
-           firsts_ptr, index_ptr, bounds_ptr, total, steps, inv_sqrt_bc2, eps, step_size,
+           ends_ptr, index_ptr, bounds_ptr, total, steps, inv_sqrt_bc2, eps, step_size,
            inv_decay, relative, bias, floor, underflow, half_eta, DECAY_IS_ONE: tl.constexpr,
            PAYLOAD: tl.constexpr, ROWS: tl.constexpr, SLAB: tl.constexpr,
            ALIGN: tl.constexpr, NARROW: tl.constexpr):
-    """The tiles ``_mark`` could not stage: recomputed, written straight into the outputs."""
+    """The tiles ``_mark`` could not stage: recomputed, written straight into the outputs
+    from the tile's first slot (its end less its count)."""
     tile = tl.program_id(0)
-    if tl.load(counts_ptr + tile) > SLAB:
+    count = tl.load(counts_ptr + tile)
+    if count > SLAB:
         p, m, v, numel, offsets = _load(p_ptr, m_ptr, v_ptr, offsets_ptr, width, numels_ptr,
                                         starts_ptr, locate(starts_ptr, tile, steps), tile, ROWS,
                                         ALIGN, NARROW)
@@ -194,24 +199,27 @@ def _dense(p_ptr, m_ptr, v_ptr, offsets_ptr, width, numels_ptr, starts_ptr, coun
                                       relative, bias, floor, underflow, half_eta,
                                       DECAY_IS_ONE, PAYLOAD)
         flags = (changed & (offsets < numel)).to(tl.int32)
-        place(index_ptr, bounds_ptr, total, tl.load(firsts_ptr + tile), flags, offsets, low,
-              high, VALUES=2)
+        place(index_ptr, bounds_ptr, total, tl.load(ends_ptr + tile) - count, flags, offsets,
+              low, high, VALUES=2)
 
 
 _PAYLOAD = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
 
 
-def _keys(hypers: Sequence[AdamWStep], dtypes: Sequence[torch.dtype], guard_ulps: float
-          ) -> list[tuple]:
+def configurations(hypers: Sequence[AdamWStep], dtypes: Sequence[torch.dtype],
+                   guard_ulps: float) -> list[tuple]:
     """Per tensor its kernel configuration and payload dtype (``batch.plan``'s keys).
-    Neighbours mostly share a parameter group, so a key equal to the previous tensor's is
-    that same tuple: one comparison instead of a cache lookup (a hash and a comparison),
-    and ``plan`` then matches keys by identity."""
+    Neighbours mostly share a parameter group (and ``torch_adamw_states`` then one step
+    object), so a key equal to the previous tensor's is that same tuple: an identity
+    test, or one comparison, instead of a cache lookup (a hash and a comparison), and
+    ``batch.key_ids`` then matches keys by identity."""
     keys = []
     key = last = last_dtype = None
     for hyper, dtype in zip(hypers, dtypes):
-        if hyper != last or dtype != last_dtype:
-            key, last, last_dtype = (*_config(hyper, guard_ulps), dtype), hyper, dtype
+        if hyper is not last or dtype is not last_dtype:
+            if not (hyper == last and dtype == last_dtype):  # == alone: != wraps it
+                key = (*_config(hyper, guard_ulps), dtype)
+            last, last_dtype = hyper, dtype
         keys.append(key)
     return keys
 
@@ -227,15 +235,23 @@ def invert_batch(flats: Sequence[tuple[torch.Tensor, torch.Tensor, torch.Tensor]
     Synchronises with the host once per ``batch.GROUP_ELEMENTS`` elements, to size the
     outputs, while the device works on the next group.
     """
+    keys = configurations(hypers, dtypes, guard_ulps)
+    return invert_planned(flats, keys, batch.plan(flats, keys, tile_elements=TILE))
+
+
+def invert_planned(flats: Sequence[tuple[torch.Tensor, torch.Tensor, torch.Tensor]],
+                   keys: Sequence[tuple], groups: Sequence[batch.Group]) -> list[ChangeRun]:
+    """``invert_batch`` with its configurations (``configurations``) and its plan
+    (``batch.plan`` of ``flats`` and ``keys`` with tiles of ``TILE``) given: a caller
+    that keeps the plan between calls (``inverter.Inverter``) builds neither again."""
     assert ROWS * 8 <= 1 << 15, "tile offsets are staged as int16"
-    keys = _keys(hypers, dtypes, guard_ulps)
     found: list[ChangeRun] = []
     slab = ROWS * 8 // SLAB_FRACTION
     device = flats[0][0].device
 
     def launch(group: batch.Group):
-        scalars, decay_is_one, dtype = group.key
-        counts = torch.empty(group.tiles, dtype=torch.int32, device=device)
+        scalars, decay_is_one, dtype = keys[group.members[0]]
+        counts, sizes = batch.scratch(group, device)
         staged = torch.empty(group.tiles * slab, dtype=torch.int64, device=device)
         config = {"DECAY_IS_ONE": decay_is_one, "PAYLOAD": _PAYLOAD[dtype], "ROWS": ROWS,
                   "SLAB": slab, "ALIGN": _FP32_ALIGN if group.aligned else 1,
@@ -243,28 +259,23 @@ def invert_batch(flats: Sequence[tuple[torch.Tensor, torch.Tensor, torch.Tensor]
         tables = (*flats[group.members[0]], group.offsets, group.offsets.shape[1], group.numels,
                   group.starts, counts)
         _mark[(programs(group.tiles, device, waves=WAVES),)](
-            *tables, staged, group.tiles, *scalars, num_warps=WARPS, **config)
-        ends = torch.cumsum(counts, 0)
-        dense = (counts > slab).sum().view(1)
-        return (tables, config, counts, ends, staged,
-                torch.cat([batch.member_ends(group, ends), dense]))
+            *tables, sizes, staged, group.tiles, *scalars, num_warps=WARPS, **config)
+        return tables, config, counts, batch.tile_ends(group, counts, sizes), staged, sizes
 
     def finish(group: batch.Group, launched, sizes: list[int]) -> None:
         tables, config, counts, ends, staged, _ = launched
-        *member_ends, dense = sizes
+        dense, *member_ends = sizes
         total = member_ends[-1]
-        firsts = ends - counts
-        indices, bounds = gather(counts, firsts, total, staged, group.starts,
+        indices, bounds = gather(counts, ends, total, staged, group.starts,
                                  steps=group.steps, numel=group.numel, values=2, rows=ROWS,
                                  capacity=slab)
         if dense:
-            _dense[(group.tiles,)](*tables, firsts, indices, bounds, total, group.steps,
-                                   *group.key[0], num_warps=WARPS, **config)
-        dtype = group.key[2]
+            _dense[(group.tiles,)](*tables, ends, indices, bounds, total, group.steps,
+                                   *keys[group.members[0]][0], num_warps=WARPS, **config)
+        dtype = keys[group.members[0]][2]
         found.append(ChangeRun(group.members, tuple(batch.member_counts(member_ends)), indices,
                                bounds[0].view(dtype), bounds[1].view(dtype)))
 
     with on_device(device):
-        batch.pipelined(batch.plan(flats, keys, tile_elements=ROWS * 8), launch,
-                        lambda launched: launched[-1], finish)
+        batch.pipelined(groups, launch, lambda launched: launched[-1], finish)
     return found

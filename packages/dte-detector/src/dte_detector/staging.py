@@ -6,12 +6,13 @@ programs per multiprocessor, each reading its next tile while it works on the cu
 (so that loads stay in flight during the arithmetic). It stages the selected elements of
 a tile (their offset in the tile and one or two 16-bit values, packed into one int32 or
 int64 word) in the tile's slab of ``SLAB`` slots, in index order, and writes the tile's
-count. A tile with more than ``SLAB`` selected elements stages nothing (or, through
-``stage_counted``, its first ``SLAB``, which ``gather`` skips): a second pass (the
-kernel's ``dense`` pass, launched only when such a tile exists) recomputes it and
-writes its elements straight into the outputs. A cumulative sum of the counts gives each
-tile's first output slot, and ``gather`` moves the slabs there: per member, sorted flat
-indices and their values, as ``torch.nonzero`` and a gather would give them.
+count (int64). A tile with more than ``SLAB`` selected elements stages nothing (or,
+through ``stage_counted``, its first ``SLAB``, which ``gather`` skips) and adds one to
+the group's dense-tile count: a second pass (the kernel's ``dense`` pass, launched only
+when that count is not zero) recomputes it and writes its elements straight into the
+outputs. A cumulative sum of the counts gives each tile's end in the outputs (its first
+slot is the end less its count), and ``gather`` moves the slabs there: per member, sorted
+flat indices and their values, as ``torch.nonzero`` and a gather would give them.
 """
 
 from __future__ import annotations
@@ -102,17 +103,19 @@ def stage(slab_ptr, tile, flags, local, first, second, SLAB: tl.constexpr):
 
 
 @triton.jit
-def stage_counted(slab_ptr, counts_ptr, tile, flags, local, first, second,
+def stage_counted(slab_ptr, counts_ptr, dense_ptr, tile, flags, local, first, second,
                   SLAB: tl.constexpr):
-    """``stage`` for a tile of any count, and the count: the first ``SLAB`` flagged
-    elements go to the slab (``_gather`` skips a denser tile's slab, the dense pass
-    writes it). One block-wide scan gives both the slots and the count, where a
+    """``stage`` for a tile of any count, and the count (``count``): the first ``SLAB``
+    flagged elements go to the slab (``_gather`` skips a denser tile's slab, the dense
+    pass writes it). One block-wide scan gives both the slots and the count, where a
     separate sum and a branch on it would cost a second block-wide reduction."""
     per_row = tl.sum(flags, axis=1)
     ends = tl.cumsum(per_row, axis=0)
     rank = (ends - per_row)[:, None] + tl.cumsum(flags, axis=1) - flags
     last = tl.arange(0, per_row.shape[0]) == per_row.shape[0] - 1
-    tl.store(counts_ptr + tile + tl.zeros_like(ends), ends, mask=last)
+    at = tl.zeros_like(ends)
+    tl.store(counts_ptr + tile + at, ends.to(tl.int64), mask=last)
+    tl.atomic_add(dense_ptr + at, 1, mask=last & (ends > SLAB))
     _put(slab_ptr, tile, (flags != 0) & (rank < SLAB), rank, local, first, second, SLAB)
 
 
@@ -124,6 +127,16 @@ def _put(slab_ptr, tile, keep, rank, local, first, second, SLAB: tl.constexpr):
             | low.to(tl.uint32, bitcast=True).to(tl.int64))
     tl.store(slab_ptr + tl.cast(tile, tl.int64) * SLAB + rank,
              word.to(slab_ptr.dtype.element_ty), mask=keep)
+
+
+@triton.jit
+def store_count(counts_ptr, dense_ptr, tile, total, SLAB: tl.constexpr):
+    """Store a tile's count of selected elements (int64: the cumulative sum over the
+    tiles needs no cast) and, past ``SLAB``, count the tile as dense (``dense_ptr``: the
+    group's zeroed dense-tile count, copied to the host with the members' ends)."""
+    tl.store(counts_ptr + tile, total.to(tl.int64))
+    if total > SLAB:
+        tl.atomic_add(dense_ptr, 1)
 
 
 @triton.jit
@@ -139,16 +152,18 @@ def place(index_ptr, values_ptr, total, at, flags, offsets, first, second,
 
 
 @triton.jit(do_not_specialize=["tiles", "total", "steps"])
-def _gather(counts_ptr, firsts_ptr, slab_ptr, starts_ptr, index_ptr, values_ptr, tiles, total,
+def _gather(counts_ptr, ends_ptr, slab_ptr, starts_ptr, index_ptr, values_ptr, tiles, total,
             steps, VALUES: tl.constexpr, ROWS: tl.constexpr, SLAB: tl.constexpr,
             TILES: tl.constexpr):
-    """Move the slabs of ``TILES`` tiles to their sorted place in the outputs."""
+    """Move the slabs of ``TILES`` tiles to their sorted place in the outputs (a tile's
+    first slot: its inclusive end less its count)."""
     tile = tl.program_id(0).to(tl.int64) * TILES + tl.arange(0, TILES)[:, None]
     count = tl.load(counts_ptr + tile, mask=tile < tiles, other=0)
+    first = tl.load(ends_ptr + tile, mask=tile < tiles, other=0) - count
     count = tl.where(count <= SLAB, count, 0)  # the dense pass writes those tiles
     slot = tl.arange(0, SLAB)[None, :]
     staged = slot < count
-    at = tl.load(firsts_ptr + tile, mask=tile < tiles, other=0) + slot
+    at = first + slot
     own = tile - tl.load(starts_ptr + locate(starts_ptr, tile, steps))
     word = tl.load(slab_ptr + tile * SLAB + slot, mask=staged, other=0).to(tl.int64)
     tl.store(index_ptr + at, (own * (ROWS * 8) + (word & 0xFFFF)).to(index_ptr.dtype.element_ty),
@@ -181,16 +196,16 @@ def _multiprocessors(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
 
 
-def gather(counts: torch.Tensor, firsts: torch.Tensor, total: int, slab: torch.Tensor,
+def gather(counts: torch.Tensor, ends: torch.Tensor, total: int, slab: torch.Tensor,
            starts: torch.Tensor, *, steps: int, numel: int, values: int, rows: int,
            capacity: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Flat outputs of a group: member-local indices and a ``[values, total]`` int16 tensor
     (``slab``: int32 words for one value, int64 for two), sorted within each member.
 
-    ``counts`` holds each tile's count, ``firsts`` each tile's first output slot, ``total``
-    their sum; ``starts`` and ``steps`` are the group's (``locate``), ``numel`` its
-    largest member's size (which sets the index dtype). Tiles with more than
-    ``capacity`` elements are left to the dense pass.
+    ``counts`` holds each tile's count, ``ends`` their inclusive cumulative sum (each
+    tile's end in the outputs), ``total`` their sum; ``starts`` and ``steps`` are the
+    group's (``locate``), ``numel`` its largest member's size (which sets the index
+    dtype). Tiles with more than ``capacity`` elements are left to the dense pass.
     """
     indices = torch.empty(total, dtype=index_dtype(numel), device=counts.device)
     staged = torch.empty((values, total), dtype=torch.int16, device=counts.device)
@@ -198,7 +213,7 @@ def gather(counts: torch.Tensor, firsts: torch.Tensor, total: int, slab: torch.T
         tiles = counts.numel()
         per_program = max(1, _GATHER_SLOTS // capacity)
         _gather[(triton.cdiv(tiles, per_program),)](
-            counts, firsts, slab, starts, indices, staged, tiles, total, steps, VALUES=values,
+            counts, ends, slab, starts, indices, staged, tiles, total, steps, VALUES=values,
             ROWS=rows, SLAB=capacity, TILES=per_program, num_warps=4)
     return indices, staged
 

@@ -16,7 +16,7 @@ import torch
 
 from .changes import ChangeSet, FlatChanges
 from .errors import StepGapError
-from .inversion import invert_runs
+from .inverter import Inverter
 from .torch_adamw import AdamWState, torch_adamw_states
 
 
@@ -32,6 +32,7 @@ class AdamWSteps:
         self._names = names
         self._stepped: dict[str, AdamWState] = {}
         self._synced: dict[str, int] = {}
+        self._inverter = Inverter()
 
     def record(self, optimizer: torch.optim.Optimizer) -> None:
         """Call right after ``optimizer.step()`` (before any lr scheduler step)."""
@@ -59,8 +60,9 @@ class AdamWSteps:
         return self.changes_all({name: model})[name]
 
     def changes_all(self, models: Mapping[str, torch.Tensor]) -> FlatChanges:
-        """``changes`` of every ``name: model``, inverted together (``inversion.invert_runs``),
-        in ``models``' order; the fused kernels' results stay in their flat runs.
+        """``changes`` of every ``name: model``, inverted together (``inverter.Inverter``:
+        what depends only on the tensors' layout is kept from the last call), in
+        ``models``' order; the fused kernels' results stay in their flat runs.
 
         Raises:
             StepGapError: more than one step since the commit, for any of them.
@@ -68,7 +70,7 @@ class AdamWSteps:
         stepped = {name: self._stepped[name] for name in models if name in self._stepped}
         synced = self._synced
         names = list(stepped)
-        found, runs = invert_runs(
+        found, runs = self._inverter.runs(
             names, [(s.param, s.exp_avg, s.exp_avg_sq) for s in stepped.values()],
             [s.hyper for s in stepped.values()], [synced.get(name, 0) for name in stepped],
             [models[name].dtype for name in stepped])

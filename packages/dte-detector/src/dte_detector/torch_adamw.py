@@ -52,10 +52,16 @@ def torch_adamw_states(optimizer: torch.optim.Optimizer) -> list[AdamWState]:
                        if optimizer.state.get(param))
     steps = _read_steps([state["step"] for _, _, state in stepped])
     states = []
+    hypers: dict[tuple[int, int], AdamWStep] = {}
     for (group, param, state), step in zip(stepped, steps):
-        beta1, beta2 = (float(b) for b in group["betas"])
-        hyper = AdamWStep(lr=float(group["lr"]), weight_decay=float(group["weight_decay"]),
-                          beta1=beta1, beta2=beta2, eps=float(group["eps"]), step=step)
+        # one object per group and step: built and validated once, and what the
+        # inversion's configurations then tell apart by identity
+        hyper = hypers.get((id(group), step))
+        if hyper is None:
+            beta1, beta2 = (float(b) for b in group["betas"])
+            hyper = hypers[id(group), step] = AdamWStep(
+                lr=float(group["lr"]), weight_decay=float(group["weight_decay"]),
+                beta1=beta1, beta2=beta2, eps=float(group["eps"]), step=step)
         states.append(AdamWState(param, state["exp_avg"], state["exp_avg_sq"], hyper))
     return states
 
