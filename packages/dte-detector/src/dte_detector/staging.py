@@ -160,7 +160,9 @@ def _gather(counts_ptr, ends_ptr, slab_ptr, starts_ptr, index_ptr, values_ptr, t
     tile = tl.program_id(0).to(tl.int64) * TILES + tl.arange(0, TILES)[:, None]
     count = tl.load(counts_ptr + tile, mask=tile < tiles, other=0)
     first = tl.load(ends_ptr + tile, mask=tile < tiles, other=0) - count
-    count = tl.where(count <= SLAB, count, 0)  # the dense pass writes those tiles
+    # the dense pass writes those tiles; int32, as the slots are (an int64 count makes
+    # every slot's compare an int64 one)
+    count = tl.where(count <= SLAB, count, 0).to(tl.int32)
     slot = tl.arange(0, SLAB)[None, :]
     staged = slot < count
     at = first + slot
