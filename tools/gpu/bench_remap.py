@@ -1,4 +1,7 @@
-"""Per-tensor ``remap`` against ``remap_all``'s flat path over a whole sync of a Qwen3-4B-shaped model, and the receiver's decode, stage and apply.
+"""The remap's per-tensor and flat paths, and the receiver's stage, on a Qwen3-4B sync (GPU).
+
+Per-tensor ``remap`` against ``remap_all``'s flat path over a whole sync of a
+Qwen3-4B-shaped model, and the receiver's decode, stage and apply.
 
 The trainer holds Megatron's TP1 layout (fused, query-group-interleaved ``linear_qkv``,
 fused ``linear_fc1``; 290 tensors, 4.02e9 elements); every tensor gets --changed (3.3 %)

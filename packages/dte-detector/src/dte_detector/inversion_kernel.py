@@ -217,7 +217,8 @@ def configurations(hypers: Sequence[AdamWStep], dtypes: Sequence[torch.dtype],
     key = last = last_dtype = None
     for hyper, dtype in zip(hypers, dtypes):
         if hyper is not last or dtype is not last_dtype:
-            if not (hyper == last and dtype == last_dtype):  # == alone: != wraps it
+            # not ``!=``: attrs' ``__ne__`` calls ``__eq__`` and negates it, a call more
+            if not (hyper == last and dtype == last_dtype):
                 key = (*_config(hyper, guard_ulps), dtype)
             last, last_dtype = hyper, dtype
         keys.append(key)
