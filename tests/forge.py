@@ -7,7 +7,8 @@ import struct
 
 import torch
 from dte_codec.body_digest import body_digest
-from dte_codec.header import BODY_DIGEST_OFFSET, DIGEST_OFFSET, align, header_digest
+from dte_codec.encodings import align
+from dte_codec.header import BODY_DIGEST_OFFSET, DIGEST_OFFSET, header_digest
 
 _HEADER_LENGTH = struct.Struct("<I")
 

@@ -22,8 +22,9 @@ import time
 import torch
 from dte_codec import decode, encode_full
 from dte_codec.decode import _split
-from dte_codec.header import (DIGEST_OFFSET, Entry, Header, IndexEncoding, Kind, ValueEncoding,
-                              header_digest)
+from dte_codec.encodings import IndexEncoding, Kind, ValueEncoding
+from dte_codec.entry import Entry
+from dte_codec.header import DIGEST_OFFSET, Header, header_digest
 from dte_codec.parts import checked_header
 
 

@@ -16,7 +16,7 @@ from dte_codec.geometry import Piece, Shard, TensorSpec, materialize
 from dte_codec.layouts import ModelConfig, canonical_tensors, hf_shard
 from dte_codec.megatron_layout import MegatronLayout, megatron_shard
 from dte_codec.parts import assemble, box_part, sparse_part
-from dte_codec.header import Kind
+from dte_codec.encodings import Kind
 from dte_codec.region import Box
 from dte_codec.sglang_layout import SGLangLayout, sglang_shard
 from dte_detector import diff
@@ -281,7 +281,7 @@ def test_deltas_are_checked_once_per_table_skeleton(monkeypatch):
     again; a delta whose table names another shape is still refused before
     anything is written."""
     from areal_dte import shard_stage
-    from dte_codec.header import _parsed_tables, _skeletons
+    from dte_codec.table_bytes import _parsed_tables, _skeletons
     _skeletons.clear()
     _parsed_tables.clear()
     calls = []

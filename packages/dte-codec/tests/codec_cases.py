@@ -17,7 +17,8 @@ from dte_codec.flat_decode import decode_indices_flat
 from dte_codec.flat_encode import encode_delta_flat
 from dte_codec.flat_values import resolve_residues
 from dte_codec.frame import Frame
-from dte_codec.header import DTYPES, Header, ValueEncoding
+from dte_codec.encodings import DTYPES, ValueEncoding
+from dte_codec.header import Header
 from forge import redigest
 from dte_codec.values import decode_values
 from torch.overrides import TorchFunctionMode

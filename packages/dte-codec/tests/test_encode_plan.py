@@ -11,7 +11,8 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 from dte_codec.encode_plan import choose_indices, choose_value_encodings, plan, tensor_table
-from dte_codec.header import ALIGNMENT, Entry, IndexEncoding, ValueEncoding, align
+from dte_codec.encodings import ALIGNMENT, IndexEncoding, ValueEncoding, align
+from dte_codec.entry import Entry
 
 DTYPES = (torch.bfloat16, torch.float16, torch.float32, torch.int32, torch.uint8)
 BINS = 32

@@ -306,7 +306,9 @@ def test_kernel_apply_bumps_the_version_counters():
 def _forced(specs) -> tuple:
     """A delta frame whose entries ``(name, indices, numel, encoding)`` carry their indices
     in the given encoding, whether or not the encoder would pick it; and its header."""
-    from dte_codec.header import Entry, Header, IndexEncoding, Kind
+    from dte_codec.encodings import IndexEncoding, Kind
+    from dte_codec.entry import Entry
+    from dte_codec.header import Header
     from dte_codec.indices import _bitmap, _elias_fano
     from dte_codec.parts import Part, assemble
     parts = []
@@ -343,7 +345,7 @@ def test_kernel_decoder_reads_encodings_the_encoder_never_picks():
     """Elias-Fano with no low bits (L = 0) and INT64 indices of a small tensor are legal
     payloads that the encoder never writes (a bitmap or INT32 is smaller): decoded by the
     kernels to the reference's indices."""
-    from dte_codec.header import IndexEncoding
+    from dte_codec.encodings import IndexEncoding
     from dte_codec.indices import _elias_fano
     many = torch.cat([torch.arange(0, 400), torch.arange(401, 700)])  # 699 of 700
     assert 0 == _elias_fano(many, 700).width
@@ -355,7 +357,7 @@ def _streams() -> dict:
     """Elias-Fano upper streams and bitmaps the element-side select must walk: long runs of
     set bits, runs of empty words, streams of more than one kernel block of words, and
     entries whose element counts sit on both sides of block edges."""
-    from dte_codec.header import IndexEncoding
+    from dte_codec.encodings import IndexEncoding
     ef, bitmap = IndexEncoding.ELIAS_FANO, IndexEncoding.BITMAP
     gen = torch.Generator().manual_seed(5)
     half = torch.nonzero(torch.rand(40000, generator=gen) < 0.5).flatten()
@@ -388,7 +390,7 @@ def test_kernel_decoder_rejects_corrupt_streams_as_the_reference(name):
     payload, never an index read out of the body. Each entry goes in a frame of its own
     (the interpreter's time grows with every entry decoded); corruption in frames of
     several entries is ``test_kernel_decoder_rejects_what_the_reference_rejects``'s."""
-    from dte_codec.header import IndexEncoding, align
+    from dte_codec.encodings import IndexEncoding, align
     for spec in _streams()[name]:
         frame, header = _forced([spec])
         data = bytes(frame)
@@ -572,7 +574,9 @@ def test_kernel_decoder_checks_escape_positions_as_the_reference(positions):
     with the reference's error; valid, both decode the same values."""
     import struct
 
-    from dte_codec.header import Entry, Header, IndexEncoding, Kind, ValueEncoding, align
+    from dte_codec.encodings import IndexEncoding, Kind, ValueEncoding, align
+    from dte_codec.entry import Entry
+    from dte_codec.header import Header
     from dte_codec.errors import CodecError
     entries = tuple(Entry(name=name, dtype=torch.bfloat16, shape=(10,), count=2,
                           index_encoding=IndexEncoding.INT32,

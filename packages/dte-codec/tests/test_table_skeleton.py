@@ -10,8 +10,10 @@ import pytest
 import torch
 from dte_codec.entry_table import EntryTable, _columns
 from dte_codec.errors import HeaderError
-from dte_codec.header import (Entry, Header, IndexEncoding, Kind, ValueEncoding, _parsed_tables,
-                              _skeletons)
+from dte_codec.encodings import IndexEncoding, Kind, ValueEncoding
+from dte_codec.entry import Entry
+from dte_codec.header import Header
+from dte_codec.table_bytes import _parsed_tables, _skeletons
 from forge import redigest
 
 PRELUDE_BYTES = struct.calcsize("<4sHBBIIqqQQHQ")

@@ -41,7 +41,7 @@ from dte_codec.errors import GeometryError
 from dte_codec.fields import WORD_BYTES
 from dte_codec.fit import check_fit
 from dte_codec.geometry import Piece, Shard, Transfer, plan
-from dte_codec.header import Entry
+from dte_codec.entry import Entry
 from dte_codec.region import Box
 from dte_codec.routes import Routes, StagedRoutes, stage_routed
 from dte_codec.sparse_entries import SparseEntries

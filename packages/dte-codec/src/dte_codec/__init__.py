@@ -13,7 +13,8 @@ from .digest import digests
 from .encode import ChangeSet, encode_delta, encode_full
 from .errors import CodecError
 from .frame import Frame
-from .header import Header, Kind
+from .encodings import Kind
+from .header import Header
 from .warmup import warm_up
 
 __all__ = [

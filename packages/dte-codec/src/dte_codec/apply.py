@@ -33,7 +33,8 @@ from .dispatch import fused
 from .fields import batched
 from .fit import check_fit, check_window
 from .flat_values import resolve_residues
-from .header import Entry, Kind, ValueEncoding
+from .encodings import Kind, ValueEncoding
+from .entry import Entry
 from .region import Box
 from .values import decode_values
 

@@ -36,7 +36,7 @@ import torch
 
 from .fields import batched, host_table
 from .geometry import Transfer
-from .header import INDEX32_LIMIT
+from .encodings import INDEX32_LIMIT
 from .remap import (Remapped, _affine, _check_boxes, _check_index_type, _check_range,
                     _out_of_range, _strides, remap)
 

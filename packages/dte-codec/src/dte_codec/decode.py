@@ -24,8 +24,10 @@ from .fields import batched
 from .frame import Frame
 from .flat_decode import (INDEX_SECTIONS, IS_SPARSE, VALUE_SECTIONS, FlatIndices,
                           decode_indices_flat)
-from .header import (ALIGNMENT, TABLE_CACHE, Entry, Header, IndexEncoding, Kind, align,
-                     body_digest_of)
+from .encodings import ALIGNMENT, IndexEncoding, Kind, align
+from .entry import Entry
+from .header import Header, body_digest_of
+from .table_bytes import TABLE_CACHE
 from .indices import decode_indices
 from .region import Box
 from .values import check_escapes

@@ -14,7 +14,9 @@ from .errors import EncodeError
 from .fields import batched
 from .flat_encode import encode_delta_flat
 from .frame import Frame
-from .header import NO_BASE, Entry, Kind
+from .encodings import Kind
+from .entry import Entry
+from .header import NO_BASE
 from .parts import Part, _padded, assemble, checked_header, dense_part, seal_packed, sparse_part
 from .tensor_set import tensor_set
 

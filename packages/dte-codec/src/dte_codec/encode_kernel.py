@@ -36,7 +36,7 @@ import triton.language as tl
 
 from .dispatch import on_device
 from .fields import block_segments, host_table
-from .header import IndexEncoding, ValueEncoding
+from .encodings import IndexEncoding, ValueEncoding
 from .kernel_bits import (bit_length, column, load_uniform, order_key, owned_block, packs,
                           put_fields, put_packed, store_uniform, width_mask)
 

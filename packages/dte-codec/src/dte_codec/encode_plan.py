@@ -23,8 +23,9 @@ import torch
 from .bits import BYTE_BITS, ceil_bytes
 from .entry_pack import FIELDS
 from .fields import host_table
-from .header import (ALIGNMENT, INDEX32_LIMIT, RESIDUE_DTYPES, Entry, IndexEncoding,
-                     ValueEncoding, index_itemsizes)
+from .encodings import (ALIGNMENT, INDEX32_LIMIT, RESIDUE_DTYPES, IndexEncoding, ValueEncoding,
+                        index_itemsizes)
+from .entry import Entry
 
 assert ALIGNMENT & (ALIGNMENT - 1) == 0, "sections are aligned with a mask"
 

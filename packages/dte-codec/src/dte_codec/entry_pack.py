@@ -5,7 +5,7 @@ tensor, around the fields that change from sync to sync (encodings, widths, coun
 escapes). ``EntryTemplates`` packs every tensor's entry once with those fields zero; a
 sync joins the templates of the tensors it carries and writes all their fields with one
 numpy assignment, instead of packing an ``Entry`` per tensor. The bytes are
-``Header.pack``'s (``header._pack_entry``), which the codec tests compare.
+``Header.pack``'s (``table_bytes._pack_entry``), which the codec tests compare.
 """
 
 from __future__ import annotations
@@ -15,7 +15,8 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from .header import _NAME_LENGTH, Entry, _pack_entry
+from .entry import Entry
+from .table_bytes import _NAME_LENGTH, _pack_entry
 
 FIELDS = np.dtype([("index_encoding", "u1"), ("value_encoding", "u1"), ("index_width", "u1"),
                    ("value_width", "u1"), ("reserved", "<u2"), ("count", "<u8"),

@@ -19,7 +19,8 @@ import attrs
 import numpy as np
 
 from .bits import ceil_bytes
-from .header import ALIGNMENT, Entry, IndexEncoding, Kind, ValueEncoding, index_itemsizes
+from .encodings import ALIGNMENT, IndexEncoding, Kind, ValueEncoding, index_itemsizes
+from .entry import Entry
 from .table_skeleton import Entries, static_columns
 
 EXACT_NUMEL = 2**40

@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING
 import torch
 
 from .errors import MismatchError
-from .header import Entry, Kind
+from .encodings import Kind
+from .entry import Entry
 from .region import Box
 
 if TYPE_CHECKING:

@@ -28,7 +28,8 @@ import torch
 from .bits import BYTE_BITS
 from .dispatch import fused
 from .fields import Segments, host_table, read_fields
-from .header import INDEX32_LIMIT, Header, IndexEncoding, ValueEncoding, index_itemsizes
+from .encodings import INDEX32_LIMIT, IndexEncoding, ValueEncoding, index_itemsizes
+from .header import Header
 from .indices import GAP_ESCAPE, MAX_GAP_BYTE
 
 SPARSE = frozenset({IndexEncoding.INT32, IndexEncoding.INT64, IndexEncoding.BITMAP,

@@ -47,7 +47,8 @@ from .dispatch import fused
 from .encode_plan import Choice, Layout, prepare
 from .errors import EncodeError
 from .fields import Body, Segments, host_table
-from .header import RESIDUE_DTYPES, IndexEncoding, Kind, ValueEncoding, pack_head
+from .encodings import RESIDUE_DTYPES, IndexEncoding, Kind, ValueEncoding
+from .header import pack_head
 from .indices import MAX_GAP_BYTE
 from .parts import checked_header, seal, seal_packed
 from .tensor_set import TensorSet, tensor_set

@@ -21,7 +21,8 @@ import torch
 from .bits import BYTE_BITS, from_order_keys_by_width, order_keys_by_width, width_mask
 from .dispatch import fused
 from .fields import WORD_BYTES, Segments, host_table, read_fields
-from .header import Entry, align, index_itemsize
+from .encodings import align, index_itemsize
+from .entry import Entry
 
 _INT64 = torch.int64
 _INT_VIEWS = {2: torch.int16, 4: torch.int32}

@@ -13,7 +13,8 @@ import torch
 from .bits import pack_bits, pack_fields, unpack_bits, unpack_fields
 from .encode_plan import choose_indices
 from .errors import CodecError, EntryError
-from .header import INDEX32_LIMIT, Entry, IndexEncoding, index_itemsize
+from .encodings import INDEX32_LIMIT, IndexEncoding, index_itemsize
+from .entry import Entry
 
 GAP_ESCAPE = 0
 """Byte value marking a gap stored in the escape list (a real gap is always >= 1)."""

@@ -19,8 +19,9 @@ import torch
 from .body_digest import body_digest
 from .errors import EncodeError, HeaderError
 from .frame import Frame
-from .header import (ALIGNMENT, BODY_DIGEST_OFFSET, DIGEST_OFFSET, DTYPE_CODES, MAX_NAME_BYTES,
-                     Entry, Header, IndexEncoding, Kind, align, header_digest)
+from .encodings import ALIGNMENT, DTYPE_CODES, IndexEncoding, Kind, align
+from .entry import Entry
+from .header import BODY_DIGEST_OFFSET, DIGEST_OFFSET, MAX_NAME_BYTES, Header, header_digest
 from .indices import check_sorted_positions, encode_indices
 from .region import Box
 from .values import encode_values

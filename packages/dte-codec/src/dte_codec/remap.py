@@ -24,7 +24,7 @@ import torch
 
 from .errors import GeometryError
 from .geometry import Transfer
-from .header import INDEX32_LIMIT
+from .encodings import INDEX32_LIMIT
 
 
 @attrs.frozen

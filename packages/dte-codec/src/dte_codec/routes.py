@@ -31,7 +31,7 @@ from .dispatch import on_device
 from .fields import WORD_BYTES, block_segments, host_table, host_tables
 from .geometry import Transfer
 from .flat_values import Residues
-from .header import ValueEncoding
+from .encodings import ValueEncoding
 from .remap import _affine, _check_boxes
 from .sparse_entries import SparseEntries
 

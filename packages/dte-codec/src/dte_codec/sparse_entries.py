@@ -14,7 +14,7 @@ import torch
 
 from .fields import WORD_BYTES
 from .flat_decode import IS_SPARSE, VALUE_SECTIONS
-from .header import Entry
+from .entry import Entry
 
 if TYPE_CHECKING:
     from .decode import Flat

@@ -20,8 +20,10 @@ from collections.abc import Iterator, Sequence
 import numpy as np
 import torch
 
-from .header import (_ENTRY_FIELDS, _NAME_LENGTH, BOX_FIELD_BYTES, INDEX32_LIMIT, MAX_NDIM,
-                     RESIDUE_DTYPES, Entry, IndexEncoding, ValueEncoding, index_itemsizes)
+from .encodings import (BOX_FIELD_BYTES, INDEX32_LIMIT, MAX_NDIM, RESIDUE_DTYPES, IndexEncoding,
+                        ValueEncoding, index_itemsizes)
+from .entry import Entry
+from .table_bytes import _ENTRY_FIELDS, _NAME_LENGTH
 
 _FIELD_BYTES = _ENTRY_FIELDS.size
 _BYTE_FIELDS = {"index_encoding": 2, "value_encoding": 3, "index_width": 4, "value_width": 5}

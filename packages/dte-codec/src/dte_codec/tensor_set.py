@@ -22,7 +22,8 @@ import torch
 from .bits import BYTE_BITS
 from .encode_plan import TensorTable, tensor_table
 from .entry_pack import EntryTemplates
-from .header import DTYPE_CODES, MAX_NAME_BYTES, MAX_NDIM
+from .encodings import DTYPE_CODES, MAX_NDIM
+from .header import MAX_NAME_BYTES
 
 SET_CACHE = 4
 """Tensor sets remembered (by their names): a process may send a few streams."""

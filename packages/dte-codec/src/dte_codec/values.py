@@ -18,7 +18,8 @@ import torch
 from .bits import BYTE_BITS, bit_length, from_order_keys, order_keys, pack_fields, unpack_fields
 from .encode_plan import choose_values
 from .errors import EntryError
-from .header import RESIDUE_DTYPES, Entry, ValueEncoding, index_itemsize
+from .encodings import RESIDUE_DTYPES, ValueEncoding, index_itemsize
+from .entry import Entry
 from .indices import check_sorted_positions
 
 _INT_VIEW = {2: torch.int16, 4: torch.int32, 8: torch.int64}

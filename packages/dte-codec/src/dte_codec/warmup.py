@@ -27,7 +27,7 @@ from .decode import decode, decode_batched
 from .dispatch import fused
 from .encode import encode_delta_batched, encode_full
 from .geometry import Piece, Shard, TensorSpec, plan
-from .header import RESIDUE_DTYPES
+from .encodings import RESIDUE_DTYPES
 from .region import Box
 from .routes import Routes, stage_routed
 from .sparse_entries import SparseEntries

@@ -1,0 +1,147 @@
+"""An entry table's bytes: packing entries, reading a table in one pass, and the caches
+of the tables packed, built and read lately (a stream sends the same table sync after sync).
+
+``FORMAT.md`` specifies the entry layout; ``header`` reads a table through these, and
+field by field where the one-pass reading gives way, to name the wrong field.
+"""
+
+from __future__ import annotations
+
+import functools
+import struct
+
+from typing import TYPE_CHECKING
+
+from .encodings import DTYPE_CODES, DTYPES, MAX_NDIM, IndexEncoding, ValueEncoding
+from .entry import Entry
+
+if TYPE_CHECKING:
+    from .entry_table import EntryTable
+    from .table_skeleton import Entries, Skeleton
+
+_NAME_LENGTH = struct.Struct("<H")
+_ENTRY_FIELDS = struct.Struct("<BBBBBBHQQQ")
+_DIM = struct.Struct("<Q")
+
+
+TABLE_CACHE = 8
+"""Entry tables remembered (packed, parsed, validated): a stream sends the same table
+sync after sync, a receiver may serve a few streams; each costs O(entries) once."""
+
+
+def _new_table(entries: tuple[Entry, ...]) -> EntryTable:
+    from .entry_table import EntryTable  # it reads this module's structs
+
+    return EntryTable(entries)
+
+
+@functools.lru_cache(maxsize=TABLE_CACHE)
+def _entry_table(entries: tuple[Entry, ...]) -> EntryTable:
+    _built[entries] = entries
+    if len(_built) > TABLE_CACHE:
+        _built.pop(next(iter(_built)))
+    return _new_table(entries)
+
+
+_built: dict[tuple[Entry, ...], tuple[Entry, ...]] = {}
+"""The full tables given to ``_entry_table`` lately. A table read from bytes that equals
+one of them is taken as that one (its ``Entry`` objects): a receiver in the sender's
+process then finds the table cached by identity, not by comparing every entry."""
+
+
+def _pack_entries(entries: tuple[Entry, ...]) -> bytes:
+    return b"".join([_pack_entry(e) for e in entries])
+
+
+_pack_table = functools.lru_cache(maxsize=TABLE_CACHE)(_pack_entries)
+
+
+_parsed_tables: dict[tuple[bytes, int], tuple[Entry, ...]] = {}
+"""Full entry tables read before, by their bytes and entry count (at most
+``TABLE_CACHE``)."""
+
+
+def _pack_entry(entry: Entry) -> bytes:
+    name = entry.name.encode()
+    return _entry_struct(len(name), len(entry.shape)).pack(
+        len(name), name, DTYPE_CODES[entry.dtype], len(entry.shape), entry.index_encoding,
+        entry.value_encoding, entry.index_width, entry.value_width, 0, entry.count,
+        entry.index_escapes, entry.value_escapes, *entry.shape)
+
+
+@functools.lru_cache(maxsize=4096)
+def _entry_struct(name_bytes: int, ndim: int) -> struct.Struct:
+    """An entry's name length, name, fields and dimensions, in one struct."""
+    return struct.Struct(f"{_NAME_LENGTH.format}{name_bytes}s{_ENTRY_FIELDS.format[1:]}"
+                         f"{ndim}{_DIM.format[1:]}")
+
+
+
+_skeletons: dict[tuple[int, int], Skeleton] = {}
+"""The skeletons of the delta tables read last, by table size and entry count (at most
+``TABLE_CACHE``): a stream's next delta is read through its stream's one."""
+
+
+def _by_skeleton(table: bytes, count: int) -> Entries | None:
+    """The entries of a delta's ``table`` read through the skeleton kept for its size and
+    count; None where there is none or it does not hold the table."""
+    from .table_skeleton import Entries
+    skeleton = _skeletons.get((len(table), count))
+    columns = None if skeleton is None else skeleton.read(table)
+    return None if columns is None else Entries(skeleton, columns)
+
+
+def _keep_skeleton(entries: tuple[Entry, ...], table: bytes) -> tuple[Entry, ...] | Entries:
+    """Keep the skeleton of a delta's ``table``, read field by field into ``entries``;
+    return the entries as read through it (``entries`` where it cannot hold them)."""
+    from .table_skeleton import Entries, Skeleton
+    if not Skeleton.holds(entries):
+        return entries
+    key = (len(table), len(entries))
+    _skeletons.pop(key, None)
+    if len(_skeletons) >= TABLE_CACHE:
+        _skeletons.pop(next(iter(_skeletons)))  # oldest first
+    skeleton = _skeletons[key] = Skeleton(entries, table)
+    columns = skeleton.read(table)
+    return entries if columns is None else Entries(skeleton, columns, made=entries)
+
+
+_INDEX_ENCODINGS = {m.value: m for m in IndexEncoding}
+_VALUE_ENCODINGS = {m.value: m for m in ValueEncoding}
+
+
+@functools.cache
+def _dims(ndim: int) -> struct.Struct:
+    return struct.Struct(f"<{ndim}Q")
+
+
+def _read_table(table: bytes, count: int) -> tuple[Entry, ...] | None:
+    """The ``count`` entries that exactly fill ``table``, read in one pass without a
+    bounds check per field; ``None`` where ``_Reader.entry`` would raise (it is then
+    asked, to say why)."""
+    entries, pos, unpack = [], 0, _ENTRY_FIELDS.unpack_from
+    try:
+        for _ in range(count):
+            name_at = pos + _NAME_LENGTH.size
+            fields_at = name_at + _NAME_LENGTH.unpack_from(table, pos)[0]
+            (dtype, ndim, index_enc, value_enc, index_width, value_width, reserved, n,
+             index_esc, value_esc) = unpack(table, fields_at)
+            if dtype not in DTYPES or reserved or ndim > MAX_NDIM:
+                return None
+            pos = fields_at + _ENTRY_FIELDS.size
+            shape = _dims(ndim).unpack_from(table, pos)
+            pos += _DIM.size * ndim
+            index_encoding = _INDEX_ENCODINGS.get(index_enc)
+            value_encoding = _VALUE_ENCODINGS.get(value_enc)
+            if index_encoding is None or value_encoding is None or (
+                    shape and max(shape) >= 2**62):
+                return None
+            entries.append(Entry(
+                name=table[name_at:fields_at].decode(),
+                dtype=DTYPES[dtype], shape=shape, count=n, index_encoding=index_encoding,
+                index_width=index_width, index_escapes=index_esc,
+                value_encoding=value_encoding, value_width=value_width,
+                value_escapes=value_esc))
+    except (struct.error, UnicodeDecodeError):
+        return None
+    return tuple(entries) if pos == len(table) else None
