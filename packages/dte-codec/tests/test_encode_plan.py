@@ -1,6 +1,6 @@
-"""``encode_plan``: the flat encoder's encodings, entries and layout for all tensors at once
-equal what the per-tensor rules give, tensor by tensor (sizes from ``Entry``'s own
-``section_sizes``)."""
+"""``encode_plan`` and ``encoding_choice``: the flat encoder's encodings, entries and layout
+for all tensors at once equal what the per-tensor rules give, tensor by tensor (sizes from
+``Entry``'s own ``section_sizes``)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ import torch
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from dte_codec.encode_plan import choose_indices, choose_value_encodings, plan, tensor_table
+from dte_codec.encode_plan import plan, tensor_table
+from dte_codec.encoding_choice import choose_indices, choose_value_encodings
 from dte_codec.encodings import ALIGNMENT, IndexEncoding, ValueEncoding, align
 from dte_codec.entry import Entry
 

@@ -11,7 +11,7 @@ import attrs
 import torch
 
 from .bits import pack_bits, pack_fields, unpack_bits, unpack_fields
-from .encode_plan import choose_indices
+from .encoding_choice import choose_indices
 from .errors import CodecError, EntryError
 from .encodings import INDEX32_LIMIT, IndexEncoding, index_itemsize
 from .entry import Entry

@@ -16,7 +16,7 @@ import attrs
 import torch
 
 from .bits import BYTE_BITS, bit_length, from_order_keys, order_keys, pack_fields, unpack_fields
-from .encode_plan import choose_values
+from .encoding_choice import choose_values
 from .errors import EntryError
 from .encodings import RESIDUE_DTYPES, ValueEncoding, index_itemsize
 from .entry import Entry
