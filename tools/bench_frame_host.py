@@ -21,7 +21,7 @@ import time
 
 import torch
 from dte_codec import decode, encode_full
-from dte_codec.decode import _split
+from dte_codec.section_views import _split
 from dte_codec.encodings import IndexEncoding, Kind, ValueEncoding
 from dte_codec.entry import Entry
 from dte_codec.header import DIGEST_OFFSET, Header, header_digest

@@ -8,7 +8,7 @@ with every dimension scaled down (``--scale``), so the device work is negligible
 what is timed is the host's: header parse, section split, the fit checks, the copy plan
 look-up and the address tables. Phases:
 
-* ``parse``: ``Header.unpack_head``, ``decode._split`` and ``decode._per_entry`` (decode
+* ``parse``: ``Header.unpack_head``, ``section_views._split`` and ``decode._per_entry`` (decode
   without its body digest, which runs on the device);
 * ``stage``: ``ShardStage`` on the decoded payload (on the CPU inside
   ``dispatch.interpreted()``, so the kernel path's staging is timed; it launches nothing);
@@ -32,7 +32,8 @@ from areal_dte.shard_stage import ShardStage
 from bench_frame_host import timed
 from dte_codec import decode, encode_full
 from dte_codec.body_digest import body_digest
-from dte_codec.decode import _per_entry, _split
+from dte_codec.decode import _per_entry
+from dte_codec.section_views import _split
 from dte_codec.dispatch import interpreted
 from dte_codec.header import Header
 from dte_codec.layouts import ModelConfig

@@ -8,7 +8,7 @@ import random
 
 import pytest
 import torch
-from dte_codec.decode import _split
+from dte_codec.section_views import _split
 from dte_codec.entry_table import EXACT_NUMEL, EntryTable
 from dte_codec.errors import HeaderError
 from dte_codec.encodings import DTYPES, IndexEncoding, Kind, ValueEncoding

@@ -8,7 +8,8 @@ own values), ``apply_`` checks the payload against the receiver and writes all o
 """
 
 from .apply import apply_
-from .decode import Payload, decode, decode_queued
+from .decode import decode, decode_queued
+from .payload import Payload
 from .digest import digests
 from .encode import ChangeSet, encode_delta, encode_full
 from .errors import CodecError

@@ -27,7 +27,7 @@ import attrs
 import torch
 
 from .box_copy import StagedCopies, copies_by_name
-from .decode import Payload
+from .payload import Payload
 from .errors import ApplyError
 from .dispatch import fused
 from .fields import batched

@@ -9,9 +9,7 @@ reads them with its own values, one host synchronization for both.
 
 from __future__ import annotations
 
-import bisect
 import functools
-import itertools
 from collections.abc import Sequence
 
 import attrs
@@ -19,89 +17,19 @@ import numpy as np
 import torch
 
 from .body_digest import U64, queued_digest
+from .encodings import IndexEncoding, Kind
+from .entry import Entry
 from .errors import CodecError, DigestError, EntryError, HeaderError
 from .fields import batched
+from .flat_decode import IS_SPARSE, decode_indices_flat
 from .frame import Frame
-from .flat_decode import (INDEX_SECTIONS, IS_SPARSE, VALUE_SECTIONS, FlatIndices,
-                          decode_indices_flat)
-from .encodings import ALIGNMENT, IndexEncoding, Kind, align
-from .entry import Entry
 from .header import Header, body_digest_of
-from .table_bytes import TABLE_CACHE
 from .indices import decode_indices
+from .payload import Flat, Payload
 from .region import Box
+from .section_views import _split
+from .table_bytes import TABLE_CACHE
 from .values import check_escapes
-
-
-@attrs.frozen(kw_only=True)
-class Payload:
-    """A decoded payload: its header and, per entry, validated indices and value sections.
-
-    Built with ``indices`` and ``values`` (entry by entry), or with ``flat`` (the batched
-    decoder), from which ``indices`` and ``values`` are made when first read. A payload of
-    ``decode_queued`` may still have its checks queued (``checks``): reading ``indices``,
-    ``values`` or ``flat`` reads them first and raises their error.
-    """
-
-    header: Header
-    _indices: tuple[torch.Tensor | Box, ...] = ()
-    _values: tuple[tuple[torch.Tensor, ...], ...] = ()
-    _flat: Flat | None = None
-    _checks: QueuedChecks | None = attrs.field(default=None, eq=False, repr=False)
-
-    @functools.cached_property
-    def indices(self) -> tuple[torch.Tensor | Box, ...]:
-        """Per entry, int64 flat indices (sparse entries) or the box it covers (dense and
-        box entries; a dense entry covers its whole tensor)."""
-        settled = self.settled()
-        if settled is not self:
-            return settled.indices
-        return self._indices if self._flat is None else self._flat.entry_indices()
-
-    @functools.cached_property
-    def values(self) -> tuple[tuple[torch.Tensor, ...], ...]:
-        """Per entry, the value sections as uint8 tensors (see ``FORMAT.md``)."""
-        settled = self.settled()
-        if settled is not self:
-            return settled.values
-        return self._values if self._flat is None else self._flat.entry_values()
-
-    @property
-    def flat(self) -> Flat | None:
-        """The body in one piece and every sparse entry's indices back to back, where the
-        batched decoder made them: what the kernels read, with no per-entry tensors."""
-        settled = self.settled()
-        return settled._flat if settled is self else settled.flat
-
-    @property
-    def checks(self) -> QueuedChecks | None:
-        """The checks of a ``decode_queued`` payload while they are not read yet (None
-        after): a reader may read them together with its own values (``unchecked_flat``)."""
-        return None if self._checks is None or self._checks.read else self._checks
-
-    def unchecked_flat(self) -> Flat | None:
-        """``flat``, without reading ``checks`` while they are queued: only for launches
-        that write scratch and read within the header's bounds, whose caller settles
-        ``checks`` before using anything they made."""
-        return self._flat if self.checks is not None else self.flat
-
-    def settled(self) -> Payload:
-        """This payload once its queued checks passed, or where the batched decode gave
-        way, the payload decoded entry by entry; raises the decode's error otherwise.
-
-        Raises:
-            DigestError: the body does not match its digest.
-            EntryError: invalid indices or escape positions inside an entry.
-        """
-        if self._checks is None:
-            return self
-        fallback = self._checks.settle()
-        return self if fallback is None else fallback
-
-    @property
-    def nbytes(self) -> int:
-        """Size of the body in bytes (the header is not counted)."""
-        return self.header.body_size()
 
 
 @attrs.define(eq=False)
@@ -142,43 +70,6 @@ class QueuedChecks:
         if isinstance(self._outcome, CodecError):
             raise self._outcome
         return self._outcome[0]
-
-
-@attrs.frozen
-class Flat:
-    """A payload held as one body: where each section lies in it (``header.sections()``),
-    and the indices of the sparse entries back to back."""
-
-    header: Header
-    body: torch.Tensor
-    """The body, uint8, word aligned."""
-    indices: FlatIndices
-    regions: tuple[Box | None, ...]
-    """Per entry, the box of a dense or box entry; None for a sparse entry."""
-
-    def value_sections(self) -> tuple[np.ndarray, np.ndarray]:
-        """Per entry, the body offsets of its value sections as three rows (raw values or
-        residue fields, residue escape positions, escaped values; a row past an entry's
-        last value section repeats that section's offset), and the size of its first."""
-        sections = self.header.sections()
-        firsts = sections.firsts
-        last = np.append(firsts[1:], sections.offsets.size) - 1
-        first_value = firsts + INDEX_SECTIONS[self.header.columns()["index_encoding"]]
-        return (np.stack([sections.offsets[np.minimum(first_value + k, last)]
-                          for k in range(VALUE_SECTIONS)]),
-                sections.size_array[first_value])
-
-    def entry_indices(self) -> tuple[torch.Tensor | Box, ...]:
-        found = iter(self.indices.indices)
-        return tuple(next(found) if region is None else region for region in self.regions)
-
-    def entry_values(self) -> tuple[tuple[torch.Tensor, ...], ...]:
-        sections = self.header.sections()
-        views = [self.body[at:at + size]
-                 for at, size in zip(sections.offsets.tolist(), sections.sizes)]
-        index_sections = INDEX_SECTIONS[self.header.columns()["index_encoding"]].tolist()
-        return tuple(tuple(views[first + n:first + count]) for first, n, count in
-                     zip(sections.firsts.tolist(), index_sections, sections.per_entry))
 
 
 def decode(data: Frame | bytes | bytearray | memoryview, *,
@@ -352,56 +243,3 @@ def _region(entry: Entry, sections: tuple[torch.Tensor, ...]) -> torch.Tensor | 
                              tensor=entry.name)
         return box
     return decode_indices(entry, sections)
-
-
-def _split(header: Header, segments: tuple[torch.Tensor, ...]
-           ) -> list[tuple[torch.Tensor, ...]]:
-    """Per entry, its sections: views of the segment that holds each (a section across
-    segments is copied together)."""
-    table = header.sections()
-    if len(segments) == 1:  # a delta's body: plain slices, no segment search
-        views, pos, body = [], 0, segments[0]
-        for size in table.sizes:
-            views.append(body[pos:pos + size])
-            pos += -(-size // ALIGNMENT) * ALIGNMENT
-    else:
-        # where each section lies depends only on the table and the segments' sizes, the
-        # same for every full version of a stream; a section that is a whole segment (a
-        # dense tensor) is that segment, no view made
-        places = _places(table.sizes, tuple(s.numel() for s in segments))
-        views = [segments[p] if p.__class__ is int else _cut(segments, p) for p in places]
-    found = iter(views)
-    return [tuple(itertools.islice(found, n)) for n in table.per_entry]
-
-
-@functools.lru_cache(maxsize=TABLE_CACHE)
-def _places(sizes: tuple[int, ...], segment_sizes: tuple[int, ...]
-            ) -> tuple[int | tuple[int, int, int, int], ...]:
-    """Per section of ``sizes`` (padded to the alignment, in body order) in a body made
-    of segments of ``segment_sizes``: the index of the segment it is exactly, else
-    (first segment, last segment, start, stop), start and stop counted from the first
-    segment's start."""
-    bounds = list(itertools.accumulate(segment_sizes, initial=0))
-    places, pos = [], 0
-    for size in sizes:
-        first = bisect.bisect_right(bounds, pos) - 1
-        if size == 0 or first == len(segment_sizes):
-            places.append((0, -1, 0, 0))
-        else:
-            last = bisect.bisect_left(bounds, pos + size) - 1
-            start = pos - bounds[first]
-            whole = first == last and start == 0 and size == segment_sizes[first]
-            places.append(first if whole else (first, last, start, start + size))
-        pos += align(size)
-    return tuple(places)
-
-
-def _cut(segments: tuple[torch.Tensor, ...], place: tuple[int, int, int, int]
-         ) -> torch.Tensor:
-    """The bytes ``place`` (``_places``) of ``segments``: an empty section is an empty
-    view of the first segment, one across segments is copied together."""
-    first, last, start, stop = place
-    if last < 0:
-        return segments[0][:0] if segments else torch.empty(0, dtype=torch.uint8)
-    joined = segments[first] if first == last else torch.cat(segments[first:last + 1])
-    return joined[start:stop]

@@ -19,7 +19,7 @@ from .entry import Entry
 from .region import Box
 
 if TYPE_CHECKING:
-    from .decode import Payload
+    from .payload import Payload
 
 
 def check_fit(weights: Mapping[str, torch.Tensor], payloads: Sequence[Payload], *,

@@ -17,7 +17,7 @@ from .flat_decode import IS_SPARSE, VALUE_SECTIONS
 from .entry import Entry
 
 if TYPE_CHECKING:
-    from .decode import Flat
+    from .payload import Flat
 
 Sparse = tuple[Entry, torch.Tensor, tuple[torch.Tensor, ...]]
 """A sparse entry of a payload: its entry, flat indices and value sections."""
