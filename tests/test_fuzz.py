@@ -29,8 +29,8 @@ from bitwise import first_difference
 from forge import redigest
 from dte_codec import CodecError, Kind, apply_, decode, digests, encode_delta, encode_full
 from dte_codec.apply import Staged
-from dte_codec.errors import ApplyError, DigestError, EntryError, HeaderError
 from dte_codec.encodings import DTYPE_CODES, IndexEncoding, ValueEncoding, align
+from dte_codec.errors import ApplyError, DigestError, EntryError, HeaderError
 from dte_codec.header import Header
 from dte_codec.region import Box
 from dte_detector import ChangeSet, diff

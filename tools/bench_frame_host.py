@@ -21,11 +21,11 @@ import time
 
 import torch
 from dte_codec import decode, encode_full
-from dte_codec.section_views import _split
 from dte_codec.encodings import IndexEncoding, Kind, ValueEncoding
 from dte_codec.entry import Entry
 from dte_codec.header import DIGEST_OFFSET, Header, header_digest
 from dte_codec.parts import checked_header
+from dte_codec.section_views import _split
 
 
 def timed(fn, *, reps: int, device: torch.device) -> tuple[float, float]:

@@ -33,11 +33,11 @@ from bench_frame_host import timed
 from dte_codec import decode, encode_full
 from dte_codec.body_digest import body_digest
 from dte_codec.decode import _per_entry
-from dte_codec.section_views import _split
 from dte_codec.dispatch import interpreted
 from dte_codec.header import Header
 from dte_codec.layouts import ModelConfig
 from dte_codec.megatron_layout import MegatronLayout, megatron_shard
+from dte_codec.section_views import _split
 from dte_codec.sglang_layout import SGLangLayout, sglang_shard
 from dte_transport import Receiver
 

@@ -61,8 +61,8 @@ from dte_codec import Frame, apply_
 from dte_codec.decode import decode_batched, decode_per_entry
 from dte_codec.dispatch import reference
 from dte_codec.encode import encode_delta_batched, encode_delta_per_tensor
-from dte_codec.flat_values import resolve_residues
 from dte_codec.encodings import ValueEncoding
+from dte_codec.flat_values import resolve_residues
 from dte_codec.values import decode_values
 
 SYNC_CALLS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaMemcpy",

@@ -10,13 +10,13 @@ from areal_dte.shard_stage import ShardStage
 from bitwise import first_difference
 from dte_codec import decode, encode_delta, encode_full
 from dte_codec.apply import Staged
+from dte_codec.encodings import Kind
 from dte_codec.errors import MismatchError
 from dte_codec.fit import check_fit
 from dte_codec.geometry import Piece, Shard, TensorSpec, materialize
 from dte_codec.layouts import ModelConfig, canonical_tensors, hf_shard
 from dte_codec.megatron_layout import MegatronLayout, megatron_shard
 from dte_codec.parts import assemble, box_part, sparse_part
-from dte_codec.encodings import Kind
 from dte_codec.region import Box
 from dte_codec.sglang_layout import SGLangLayout, sglang_shard
 from dte_detector import diff

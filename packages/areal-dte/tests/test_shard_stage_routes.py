@@ -23,9 +23,9 @@ from areal_dte.shard_stage import ShardStage
 from bitwise import first_difference
 from dte_codec import box_copy, decode, encode_delta, encode_full
 from dte_codec.decode import QueuedChecks, decode_batched, decode_queued
-from dte_codec.payload import Flat
-from dte_codec.flat_decode import INDEX_SECTIONS
 from dte_codec.encodings import IndexEncoding, ValueEncoding, index_itemsizes
+from dte_codec.flat_decode import INDEX_SECTIONS
+from dte_codec.payload import Flat
 from forge import redigest
 from dte_codec.box_copy import StagedCopies
 from dte_codec.geometry import Piece, Shard, TensorSpec, materialize

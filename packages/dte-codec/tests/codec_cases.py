@@ -12,12 +12,12 @@ from hypothesis import strategies as st
 from dte_codec import apply_
 from dte_codec.decode import decode_batched, decode_per_entry
 from dte_codec.encode import encode_delta_per_tensor
+from dte_codec.encodings import DTYPES, ValueEncoding
 from dte_codec.errors import CodecError
 from dte_codec.flat_decode import decode_indices_flat
 from dte_codec.flat_encode import encode_delta_flat
 from dte_codec.flat_values import resolve_residues
 from dte_codec.frame import Frame
-from dte_codec.encodings import DTYPES, ValueEncoding
 from dte_codec.header import Header
 from forge import redigest
 from dte_codec.values import decode_values

@@ -8,10 +8,10 @@ from bitwise import first_difference
 from kernel_mode import DEVICE, kernels, needs_triton
 from dte_codec import Frame, apply_, decode, encode_delta, encode_full
 from dte_codec.apply import Staged, prepare, prepare_window
-from dte_codec.fit import check_covered
 from dte_codec.box_copy import StagedCopies
-from dte_codec.errors import ApplyError, EntryError, MismatchError
 from dte_codec.encodings import Kind
+from dte_codec.errors import ApplyError, EntryError, MismatchError
+from dte_codec.fit import check_covered
 from dte_codec.parts import assemble, box_part, dense_part
 from dte_codec.values import int_view
 from dte_detector import ChangeSet, diff

@@ -8,9 +8,9 @@ import pytest
 import torch
 from dte_codec.region import Box
 from dte_codec import CodecError, Payload, decode, encode_delta, encode_full
-from dte_codec.errors import DigestError, EntryError, HeaderError
 from dte_codec.encodings import IndexEncoding, Kind, ValueEncoding, align
 from dte_codec.entry import Entry
+from dte_codec.errors import DigestError, EntryError, HeaderError
 from dte_codec.header import BODY_DIGEST_OFFSET, DIGEST_OFFSET, Header, header_digest
 from forge import redigest
 from dte_detector import ChangeSet, diff

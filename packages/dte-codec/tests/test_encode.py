@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 from dte_codec import Kind, decode, encode_delta, encode_full
-from dte_codec.errors import EncodeError
 from dte_codec.encodings import IndexEncoding, ValueEncoding
+from dte_codec.errors import EncodeError
 from dte_codec.header import NO_BASE
 from dte_detector import ChangeSet, diff
 

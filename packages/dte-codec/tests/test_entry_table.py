@@ -8,12 +8,12 @@ import random
 
 import pytest
 import torch
-from dte_codec.section_views import _split
-from dte_codec.entry_table import EXACT_NUMEL, EntryTable
-from dte_codec.errors import HeaderError
 from dte_codec.encodings import DTYPES, IndexEncoding, Kind, ValueEncoding
 from dte_codec.entry import Entry
+from dte_codec.entry_table import EXACT_NUMEL, EntryTable
+from dte_codec.errors import HeaderError
 from dte_codec.header import _Reader, Header
+from dte_codec.section_views import _split
 from dte_codec.table_bytes import _pack_table, _read_table
 
 SHAPES = [(), (0,), (1,), (5,), (3, 4), (7, 9, 11), (2**31,), (2**31 - 1,), (1,) * 16,

@@ -7,9 +7,9 @@ import struct
 import pytest
 import torch
 from dte_codec import Kind, decode, encode_delta, encode_full
-from dte_codec.errors import DigestError, HeaderError
 from dte_codec.encodings import ALIGNMENT, IndexEncoding, ValueEncoding, align, index_itemsize
 from dte_codec.entry import Entry
+from dte_codec.errors import DigestError, HeaderError
 from dte_codec.header import (BODY_DIGEST_OFFSET, CODEC_VERSION, DIGEST_OFFSET, MAGIC, NO_BASE,
                               Header, header_digest)
 from dte_codec.parts import dense_part

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from dte_codec.errors import EncodeError, EntryError
 from dte_codec.encodings import IndexEncoding
 from dte_codec.entry import Entry
+from dte_codec.errors import EncodeError, EntryError
 from dte_codec.indices import (_bitmap, _elias_fano, _gap8, _raw, check_sorted_positions,
                                decode_indices, encode_indices)
 from hypothesis import example, given

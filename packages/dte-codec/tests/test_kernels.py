@@ -576,8 +576,8 @@ def test_kernel_decoder_checks_escape_positions_as_the_reference(positions):
 
     from dte_codec.encodings import IndexEncoding, Kind, ValueEncoding, align
     from dte_codec.entry import Entry
-    from dte_codec.header import Header
     from dte_codec.errors import CodecError
+    from dte_codec.header import Header
     entries = tuple(Entry(name=name, dtype=torch.bfloat16, shape=(10,), count=2,
                           index_encoding=IndexEncoding.INT32,
                           value_encoding=ValueEncoding.RESIDUE, value_width=2,

@@ -8,10 +8,10 @@ import struct
 import numpy as np
 import pytest
 import torch
-from dte_codec.entry_table import EntryTable, _columns
-from dte_codec.errors import HeaderError
 from dte_codec.encodings import IndexEncoding, Kind, ValueEncoding
 from dte_codec.entry import Entry
+from dte_codec.entry_table import EntryTable, _columns
+from dte_codec.errors import HeaderError
 from dte_codec.header import Header
 from dte_codec.table_bytes import _parsed_tables, _skeletons
 from forge import redigest

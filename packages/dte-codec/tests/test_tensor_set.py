@@ -12,12 +12,12 @@ from kernel_mode import DEVICE, kernels, needs_triton
 from dte_codec import body_digest, decode, encode_full
 from dte_codec.dispatch import reference
 from dte_codec.encode import FullLayout, full_layout
-from dte_codec.entry_pack import FIELDS, EntryTemplates
 from dte_codec.encodings import IndexEncoding, Kind, ValueEncoding
 from dte_codec.entry import Entry
+from dte_codec.entry_pack import FIELDS, EntryTemplates
 from dte_codec.header import NO_BASE
-from dte_codec.table_bytes import _pack_entries
 from dte_codec.parts import assemble, dense_part
+from dte_codec.table_bytes import _pack_entries
 from dte_codec.tensor_set import tensor_set
 
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 from dte_codec.bits import from_order_keys, order_keys
-from dte_codec.errors import EntryError
 from dte_codec.encodings import IndexEncoding, ValueEncoding
 from dte_codec.entry import Entry
+from dte_codec.errors import EntryError
 from dte_codec.values import check_escapes, decode_values, encode_values, int_view
 from dte_detector.changes import unknown_bounds
 from hypothesis import example, given

@@ -37,11 +37,11 @@ from dte_codec import Kind, Payload
 from dte_codec.apply import Prepared, Staged
 from dte_codec.box_copy import PLANS, CopyPlan, Cut, StagedCopies
 from dte_codec.dispatch import fused
+from dte_codec.entry import Entry
 from dte_codec.errors import GeometryError
 from dte_codec.fields import WORD_BYTES
 from dte_codec.fit import check_fit
 from dte_codec.geometry import Piece, Shard, Transfer, plan
-from dte_codec.entry import Entry
 from dte_codec.region import Box
 from dte_codec.routes import Routes, StagedRoutes, stage_routed
 from dte_codec.sparse_entries import SparseEntries

@@ -12,12 +12,12 @@ from collections.abc import Mapping
 import torch
 from dte_codec.apply import Staged
 from dte_codec.batched_remap import RemapItem, remap_all
+from dte_codec.encodings import ValueEncoding
+from dte_codec.entry import Entry
 from dte_codec.errors import MismatchError
 from dte_codec.fields import batched
 from dte_codec.flat_values import resolve_residues
 from dte_codec.geometry import Transfer
-from dte_codec.encodings import ValueEncoding
-from dte_codec.entry import Entry
 from dte_codec.remap import Remapped
 from dte_codec.values import decode_values
 

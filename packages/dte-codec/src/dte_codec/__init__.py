@@ -9,13 +9,13 @@ own values), ``apply_`` checks the payload against the receiver and writes all o
 
 from .apply import apply_
 from .decode import decode, decode_queued
-from .payload import Payload
 from .digest import digests
 from .encode import ChangeSet, encode_delta, encode_full
+from .encodings import Kind
 from .errors import CodecError
 from .frame import Frame
-from .encodings import Kind
 from .header import Header
+from .payload import Payload
 from .warmup import warm_up
 
 __all__ = [

@@ -27,14 +27,14 @@ import attrs
 import torch
 
 from .box_copy import StagedCopies, copies_by_name
-from .payload import Payload
-from .errors import ApplyError
 from .dispatch import fused
+from .encodings import Kind, ValueEncoding
+from .entry import Entry
+from .errors import ApplyError
 from .fields import batched
 from .fit import check_fit, check_window
 from .flat_values import resolve_residues
-from .encodings import Kind, ValueEncoding
-from .entry import Entry
+from .payload import Payload
 from .region import Box
 from .values import decode_values
 

@@ -34,8 +34,8 @@ import triton
 import triton.language as tl
 
 from .dispatch import on_device
-from .fields import block_segments, host_tables
 from .encodings import IndexEncoding
+from .fields import block_segments, host_tables
 from .kernel_bits import (bit_length, column, flags_before, get_fields, load_int,
                           owned_block, width_mask)
 from .rank_select import bounds, last_at_most, popcount, select

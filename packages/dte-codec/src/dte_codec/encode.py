@@ -10,12 +10,12 @@ import attrs
 import torch
 
 from .body_digest import BodyRuns
+from .encodings import Kind
+from .entry import Entry
 from .errors import EncodeError
 from .fields import batched
 from .flat_encode import encode_delta_flat
 from .frame import Frame
-from .encodings import Kind
-from .entry import Entry
 from .header import NO_BASE
 from .parts import Part, _padded, assemble, checked_header, dense_part, seal_packed, sparse_part
 from .tensor_set import tensor_set

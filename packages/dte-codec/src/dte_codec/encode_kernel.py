@@ -35,8 +35,8 @@ import triton
 import triton.language as tl
 
 from .dispatch import on_device
-from .fields import block_segments, host_table
 from .encodings import IndexEncoding, ValueEncoding
+from .fields import block_segments, host_table
 from .kernel_bits import (bit_length, column, load_uniform, order_key, owned_block, packs,
                           put_fields, put_packed, store_uniform, width_mask)
 

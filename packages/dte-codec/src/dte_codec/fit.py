@@ -13,9 +13,9 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from .errors import MismatchError
 from .encodings import Kind
 from .entry import Entry
+from .errors import MismatchError
 from .region import Box
 
 if TYPE_CHECKING:

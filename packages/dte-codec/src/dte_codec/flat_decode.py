@@ -27,8 +27,8 @@ import torch
 
 from .bits import BYTE_BITS
 from .dispatch import fused
-from .fields import Segments, host_table, read_fields
 from .encodings import INDEX32_LIMIT, IndexEncoding, ValueEncoding, index_itemsizes
+from .fields import Segments, host_table, read_fields
 from .header import Header
 from .indices import GAP_ESCAPE, MAX_GAP_BYTE
 

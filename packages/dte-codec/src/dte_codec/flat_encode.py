@@ -45,9 +45,9 @@ from .body_digest import body_digest
 from .change_table import ChangeTable, Members, bounds_fit, change_counts, parts
 from .dispatch import fused
 from .encode_plan import Choice, Layout, prepare
+from .encodings import RESIDUE_DTYPES, IndexEncoding, Kind, ValueEncoding
 from .errors import EncodeError
 from .fields import Body, Segments, host_table
-from .encodings import RESIDUE_DTYPES, IndexEncoding, Kind, ValueEncoding
 from .header import pack_head
 from .indices import MAX_GAP_BYTE
 from .parts import checked_header, seal, seal_packed

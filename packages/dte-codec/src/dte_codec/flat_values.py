@@ -20,9 +20,9 @@ import torch
 
 from .bits import BYTE_BITS, from_order_keys_by_width, order_keys_by_width, width_mask
 from .dispatch import fused
-from .fields import WORD_BYTES, Segments, host_table, read_fields
 from .encodings import align, index_itemsize
 from .entry import Entry
+from .fields import WORD_BYTES, Segments, host_table, read_fields
 
 _INT64 = torch.int64
 _INT_VIEWS = {2: torch.int16, 4: torch.int32}

@@ -12,9 +12,9 @@ import torch
 
 from .bits import pack_bits, pack_fields, unpack_bits, unpack_fields
 from .encoding_choice import choose_indices
-from .errors import CodecError, EntryError
 from .encodings import INDEX32_LIMIT, IndexEncoding, index_itemsize
 from .entry import Entry
+from .errors import CodecError, EntryError
 
 GAP_ESCAPE = 0
 """Byte value marking a gap stored in the escape list (a real gap is always >= 1)."""

@@ -17,10 +17,10 @@ import attrs
 import torch
 
 from .body_digest import body_digest
-from .errors import EncodeError, HeaderError
-from .frame import Frame
 from .encodings import ALIGNMENT, DTYPE_CODES, IndexEncoding, Kind, align
 from .entry import Entry
+from .errors import EncodeError, HeaderError
+from .frame import Frame
 from .header import BODY_DIGEST_OFFSET, DIGEST_OFFSET, MAX_NAME_BYTES, Header, header_digest
 from .indices import check_sorted_positions, encode_indices
 from .region import Box

@@ -22,9 +22,9 @@ from collections.abc import Mapping, Sequence
 import attrs
 import torch
 
+from .encodings import INDEX32_LIMIT
 from .errors import GeometryError
 from .geometry import Transfer
-from .encodings import INDEX32_LIMIT
 
 
 @attrs.frozen

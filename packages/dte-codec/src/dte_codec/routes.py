@@ -28,10 +28,10 @@ import numpy as np
 import torch
 
 from .dispatch import on_device
-from .fields import WORD_BYTES, block_segments, host_table, host_tables
-from .geometry import Transfer
-from .flat_values import Residues
 from .encodings import ValueEncoding
+from .fields import WORD_BYTES, block_segments, host_table, host_tables
+from .flat_values import Residues
+from .geometry import Transfer
 from .remap import _affine, _check_boxes
 from .sparse_entries import SparseEntries
 

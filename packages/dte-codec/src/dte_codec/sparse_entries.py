@@ -12,9 +12,9 @@ import attrs
 import numpy as np
 import torch
 
+from .entry import Entry
 from .fields import WORD_BYTES
 from .flat_decode import IS_SPARSE, VALUE_SECTIONS
-from .entry import Entry
 
 if TYPE_CHECKING:
     from .payload import Flat

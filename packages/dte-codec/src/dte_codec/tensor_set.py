@@ -21,8 +21,8 @@ import torch
 
 from .bits import BYTE_BITS
 from .encode_plan import TensorTable, tensor_table
-from .entry_pack import EntryTemplates
 from .encodings import DTYPE_CODES, MAX_NDIM
+from .entry_pack import EntryTemplates
 from .header import MAX_NAME_BYTES
 
 SET_CACHE = 4

@@ -17,9 +17,9 @@ import torch
 
 from .bits import BYTE_BITS, bit_length, from_order_keys, order_keys, pack_fields, unpack_fields
 from .encoding_choice import choose_values
-from .errors import EntryError
 from .encodings import RESIDUE_DTYPES, ValueEncoding, index_itemsize
 from .entry import Entry
+from .errors import EntryError
 from .indices import check_sorted_positions
 
 _INT_VIEW = {2: torch.int16, 4: torch.int32, 8: torch.int64}

@@ -23,10 +23,10 @@ import triton
 import triton.language as tl
 
 from .dispatch import on_device
-from .fields import block_segments, host_table
-from .flat_values import Residues, Resolved
 from .encodings import index_itemsizes
 from .entry import Entry
+from .fields import block_segments, host_table
+from .flat_values import Residues, Resolved
 from .kernel_bits import (column, from_order_key, get_fields, load_uniform,
                           order_key, owned_block, store_uniform, width_mask)
 

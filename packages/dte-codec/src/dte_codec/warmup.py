@@ -26,8 +26,8 @@ from .box_copy import CopyPlan, Cut
 from .decode import decode, decode_batched
 from .dispatch import fused
 from .encode import encode_delta_batched, encode_full
-from .geometry import Piece, Shard, TensorSpec, plan
 from .encodings import RESIDUE_DTYPES
+from .geometry import Piece, Shard, TensorSpec, plan
 from .region import Box
 from .routes import Routes, stage_routed
 from .sparse_entries import SparseEntries
