@@ -44,7 +44,7 @@ class SparseEntries:
 
     @classmethod
     def of_flat(cls, flat: Flat) -> SparseEntries:
-        """The sparse entries of a payload decoded in one body (``decode.Flat``)."""
+        """The sparse entries of a payload decoded in one body (``payload.Flat``)."""
         columns = flat.header.columns()
         picked = np.flatnonzero(IS_SPARSE[columns["index_encoding"]])
         counts = columns["count"][picked]
@@ -69,7 +69,7 @@ class SparseEntries:
             return None
         indices = [i.to(device).contiguous() for _, i, _ in entries]
         sections = [tuple(_aligned(s.to(device)) for s in ss) for _, _, ss in entries]
-        # an entry's missing sections point at its last one, as in decode.Flat
+        # an entry's missing sections point at its last one, as in payload.Flat
         value_at = np.array([[ss[min(k, len(ss) - 1)].data_ptr() for ss in sections]
                              for k in range(VALUE_SECTIONS)], dtype=np.int64).reshape(
                                  VALUE_SECTIONS, -1)
