@@ -1,4 +1,4 @@
-"""What each spawned rank runs in the multi-process group-sync tests (gloo on CPU).
+"""What each rank process runs in the multi-process group-sync tests (gloo on CPU).
 
 Every rank rebuilds the same canonical model from one seed, so each one can compute the
 bf16 weights a full sync would give and compare bit for bit: trainer ranks optimise their
@@ -212,8 +212,9 @@ connections close and the survivors of one close theirs (``run``'s rejoin)."""
 
 RENDEZVOUS_SECONDS = 180
 """How long ``init_process_group`` waits for every rank: a test's first ranks start once
-the fork server has imported ``RANK_MODULES`` (a replacement rank, or a spawned one,
-imports them itself), which takes up to a minute on a loaded 2-core machine."""
+the fork server has imported ``RANK_MODULES`` (a replacement rank comes from the same
+server; a spawned one, as ``awex_world`` starts, imports them itself), which takes up to
+a minute on a loaded 2-core machine."""
 
 
 def _join(rank: int, case: Case, store: str) -> dist.ProcessGroup:

@@ -1,4 +1,4 @@
-"""What each spawned rank runs in ``test_two_round.py``."""
+"""What each rank process runs in ``test_two_round.py``."""
 
 from __future__ import annotations
 

@@ -5,12 +5,17 @@ with Python stacks) and prints the functions of our packages by total inclusive 
 with their call counts; torch's own frames are left out. Per-call Python work that
 scales with the number of tensors shows up here long before it shows in kernel tables.
 
+``--phases`` lists per ``dte.*`` range on the device (detect, encode, send) its wall
+time, the device time of the kernels, copies and fills started in it, and those by name:
+where a phase's device time goes.
+
 ``--gaps`` lists instead the stretches where the GPU sat idle (no kernel, copy or memset)
 for longer than ``--min-gap-us``, each with the innermost of our Python functions that
 covered most of it: the host work a sync waits on.
 
     python tools/trace_summary.py OUT/profile_delta/trace.json.gz --top 40
     python tools/trace_summary.py OUT/profile_delta/trace.json.gz --gaps
+    python tools/trace_summary.py OUT/profile_delta/trace.json.gz --phases
 """
 
 from __future__ import annotations
@@ -60,13 +65,40 @@ def gaps(trace: Path, min_gap_us: float) -> list[tuple[float, list[str]]]:
     return rows
 
 
+def phases(trace: Path, top: int) -> list[tuple[str, float, float, list[tuple[float, int, str]]]]:
+    """Per ``dte.*`` device range, in order: its name, wall ms, device ms of the work
+    started in it, and that work by name (ms, count, name), largest first."""
+    events = _events(trace)
+    device = [e for e in events if e.get("cat") in _DEVICE]
+    rows = []
+    for phase in sorted((e for e in events if e.get("cat") == "gpu_user_annotation"
+                         and e["name"].startswith("dte.")), key=lambda e: e["ts"]):
+        start, end = phase["ts"], phase["ts"] + phase["dur"]
+        total, calls = collections.Counter(), collections.Counter()
+        for e in device:
+            if start <= e["ts"] < end:
+                total[e["name"]] += e["dur"]
+                calls[e["name"]] += 1
+        rows.append((phase["name"], phase["dur"] / 1e3, sum(total.values()) / 1e3,
+                     [(us / 1e3, calls[name], name) for name, us in total.most_common(top)]))
+    return rows
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("trace", type=Path)
     p.add_argument("--top", type=int, default=40)
     p.add_argument("--gaps", action="store_true", help="idle device stretches instead")
+    p.add_argument("--phases", action="store_true",
+                   help="device time per dte.* range and kernel instead")
     p.add_argument("--min-gap-us", type=float, default=200.0)
     args = p.parse_args()
+    if args.phases:
+        for name, wall, busy, kernels in phases(args.trace, args.top):
+            print(f"{name}: wall {wall:.2f} ms, device {busy:.2f} ms")
+            for ms, count, kernel in kernels:
+                print(f"{ms:9.3f} ms {count:5d}  {kernel[:100]}")
+        return
     if args.gaps:
         rows = gaps(args.trace, args.min_gap_us)
         print(f"{sum(ms for ms, _ in rows):9.1f} ms idle in {len(rows)} gaps")

@@ -243,16 +243,17 @@ class StageCase:
                 stage(local, decode(encode_full(weights, stream_id="s", version=1),
                                     device=device)).write()
             expected[name] = {n: t.clone() for n, t in local.items()}
-        deltas = [encode_delta(b, {n: diff(a[n], b[n]) for n in b}, stream_id="s",
-                               base_version=v, version=v + 1)
-                  for v, (a, b) in enumerate(((old, new), (new, old)), start=1)]
-        changed_elements = sum(int(diff(old[n], new[n]).indices.numel()) for n in old)
+        forward = {n: diff(old[n], new[n]) for n in new}
+        deltas = [encode_delta(new, forward, stream_id="s", base_version=1, version=2),
+                  encode_delta(old, {n: diff(new[n], old[n]) for n in old}, stream_id="s",
+                               base_version=2, version=3)]
+        changed_elements = sum(int(c.indices.numel()) for c in forward.values())
         full = decode(encode_full(new, stream_id="s", version=9), device=device)
         return cls(source, shard, old, local, stage, deltas, full, expected, changed_elements)
 
     def fresh_stage(self) -> None:
         """A new stage over the same layouts and local tensors (nothing kept from before,
-        e.g. after kernel constants changed); the local tensors hold ``old``'s bits."""
+        e.g. after kernel constants changed); the local tensors keep their bits."""
         from areal_dte.shard_stage import ShardStage
         self.stage = ShardStage.of(self.source, self.shard, self.local)
 

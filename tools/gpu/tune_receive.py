@@ -7,7 +7,8 @@ from ``tools/gpu/bench_remap.py``'s case (Qwen3-4B, Megatron TP1 trainer into on
 TP1 rank, ``--changed`` of the elements flipped by one ulp), and runs the delta and its
 inverse (decode, stage, write) alternately: a warm-up pair, then ``--reps`` pairs, each
 delta profiled alone. Per kernel its device time (median over the profiled deltas), with
-the wall time of decode + stage + write. The rank's tensors must equal a full load by the
+the wall time of decode + stage + write under the profiler (its overhead included: a
+check, not a timing). The rank's tensors must equal a full load by the
 reference bit for bit after every write; the script exits 1 otherwise. Prints one
 Markdown row per candidate.
 
@@ -56,7 +57,7 @@ def main() -> int:
             f"{' '.join(sys.argv[1:])}` ")
     print(f"changed elements {case.changed_elements:.3g}")
     print("| date | sha | machine | command | block x warps | "
-          + " | ".join(f"`{k}` ms" for k in KERNELS) + " | kernels ms | wall ms | bitwise |")
+          + " | ".join(f"`{k}` ms" for k in KERNELS) + " | kernels ms | profiled wall ms | bitwise |")
     print("|---|---|---|---|---|" + "---|" * len(KERNELS) + "---|---|---|")
     bad = False
     for candidate in a.candidates:

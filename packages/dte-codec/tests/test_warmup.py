@@ -18,7 +18,7 @@ from dte_codec.encode import encode_delta_batched
 
 pytestmark = needs_triton
 
-VARIANTS = {"_gaps": ("WRITE",), "_move": ("TO_FLAT", "TO_VALUES"), "_route": ("NARROW",),
+VARIANTS = {"_gaps": ("WRITE",), "_move": ("TO_FLAT",), "_route": ("NARROW",),
             "_copy": ("ITEMSIZE", "CONTIGUOUS")}
 """The ``constexpr`` arguments that pick a kernel's variant from the data."""
 SHAPES = ((1,), (16,), (8, 3), (0,), (24, 7), (40, 61), (0, 5), (1536,), (3, 5), (7,), (64,),

@@ -75,10 +75,7 @@ class RunTable:
         self.table = host_table([[r.words.data_ptr() for r in runs], [r.first_word for r in runs],
                                  [r.words.numel() for r in runs], firsts, programs],
                                 self.device).reshape(-1)
-        # a delta's body is one run, which owns every program: a fill, not a launch
-        self.run_of = (torch.zeros(self.programs, dtype=torch.int32, device=self.device)
-                       if len(runs) == 1 else block_segments(self.table[4 * len(runs):],
-                                                             self.programs))
+        self.run_of = block_segments(self.table[4 * len(runs):], self.programs)
 
     def digest(self) -> torch.Tensor:
         """A 0-d int64 tensor: the digest of the runs' bytes now."""

@@ -76,7 +76,7 @@ _RESIDUE = tl.constexpr(9)
 _VALUE_AT = tl.constexpr(10)
 _SIZE = tl.constexpr(11)
 _ITEM_COLUMNS = 12
-# columns of the layout table: flat_encode.Layout.COLUMNS
+# columns of the layout table: encode_plan.Layout.COLUMNS
 _ENC = tl.constexpr(0)
 _FIRST = tl.constexpr(1)
 _STRIDE = tl.constexpr(2)

@@ -14,6 +14,9 @@ import torch
 
 ALIGNMENT = 8
 MAX_NDIM = 16
+SIZE_LIMIT = 2**62
+"""Tensors have fewer elements than this, and dimensions of fewer: their sizes, and sums
+of a few of them, stay far inside int64."""
 INDEX32_LIMIT = 2**31
 """Tensors with fewer elements than this use int32 indices and escape lists."""
 

@@ -10,8 +10,8 @@ import math
 import attrs
 import torch
 
-from .encodings import (BOX_FIELD_BYTES, INDEX32_LIMIT, MAX_NDIM, RESIDUE_DTYPES, IndexEncoding,
-                        Kind, ValueEncoding, align, index_itemsize)
+from .encodings import (BOX_FIELD_BYTES, INDEX32_LIMIT, MAX_NDIM, RESIDUE_DTYPES, SIZE_LIMIT,
+                        IndexEncoding, Kind, ValueEncoding, align, index_itemsize)
 from .errors import HeaderError
 
 
@@ -87,7 +87,7 @@ class Entry:
     def validate(self, kind: Kind) -> None:
         """Check the entry's fields against each other; raise ``HeaderError`` naming the field."""
         _check(self.name, "ndim", f"<= {MAX_NDIM}", len(self.shape), len(self.shape) <= MAX_NDIM)
-        _check(self.name, "numel", "< 2**62", self.numel, self.numel < 2**62)
+        _check(self.name, "numel", "< 2**62", self.numel, self.numel < SIZE_LIMIT)
         _check(self.name, "count", f"<= numel {self.numel}", self.count, self.count <= self.numel)
         dense = self.index_encoding == IndexEncoding.DENSE
         block = dense or self.index_encoding == IndexEncoding.BOX

@@ -19,7 +19,7 @@ import attrs
 import numpy as np
 
 from .bits import ceil_bytes
-from .encodings import ALIGNMENT, IndexEncoding, Kind, ValueEncoding, index_itemsizes
+from .encodings import IndexEncoding, Kind, ValueEncoding, align, index_itemsizes
 from .entry import Entry
 from .table_skeleton import Entries, static_columns
 
@@ -69,7 +69,7 @@ class Sections:
     @functools.cached_property
     def offsets(self) -> np.ndarray:
         """Each section's byte offset in the body (int64, as ``size_array``)."""
-        padded = -(-self.size_array // ALIGNMENT) * ALIGNMENT
+        padded = align(self.size_array)
         return np.cumsum(padded) - padded
 
     @functools.cached_property
@@ -143,7 +143,7 @@ class EntryTable:
         slots = _slots(c)
         present = slots >= 0
         sizes = slots[present]
-        return Sections(sizes, present.sum(axis=1), int((-(-sizes // ALIGNMENT) * ALIGNMENT).sum()))
+        return Sections(sizes, present.sum(axis=1), int(align(sizes).sum()))
 
 
 _FIELDS = ("count", "index_encoding", "index_width", "index_escapes", "value_encoding",
@@ -168,7 +168,7 @@ def _slots(c: dict[str, np.ndarray]) -> np.ndarray:
     """(entries, 5) section sizes: two index sections, then three value sections, -1
     where an entry has no such section (for valid columns: every encoding code known,
     every size a non-negative int64 far from overflow)."""
-    n, ie, width, none = c["count"], c["index_encoding"], c["index_width"], c["no_section"]
+    n, ie, width, none = c["count"], c["index_encoding"], c["index_width"], -1
     slots = np.empty((len(n), 5), np.int64)
     # the candidates of every encoding, chosen by its code in one pass
     np.choose(ie, _by_code(

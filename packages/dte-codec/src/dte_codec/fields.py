@@ -208,7 +208,7 @@ def host_tables(tables: Sequence[list[list[int]] | np.ndarray], device: torch.de
         flat = _stage(device).copy(arrays, starts, sum(padded))
     else:
         host = _gathered(np.zeros(sum(padded), dtype=np.int64), arrays, starts)
-        flat = torch.from_numpy(host).to(device, copy=True)  # not a view of the caller's arrays
+        flat = torch.from_numpy(host).to(device)
     return tuple(flat[at:at + a.size].view(a.shape) for a, at in zip(arrays, starts))
 
 
@@ -224,7 +224,10 @@ def block_segments(blocks: torch.Tensor, total: int) -> torch.Tensor:
     whole blocks in order (``total`` of them): a program reads its segment with one load
     instead of searching, and no kernel needs the segment count as a compile-time
     constant. One kernel launch where the flat kernels run (``block_kernel``), else
-    ``repeat_interleave`` (the reference); no host synchronization either way."""
+    ``repeat_interleave`` (the reference); no host synchronization either way. One
+    segment (a delta's body digest, a one-tensor delta) owns every block: a fill."""
+    if blocks.numel() == 1:
+        return torch.zeros(total, dtype=torch.int32, device=blocks.device)
     if fused(blocks.device):
         from .block_kernel import block_owners
         return block_owners(blocks, total)

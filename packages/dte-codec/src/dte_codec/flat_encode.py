@@ -10,11 +10,12 @@ payload whatever the number of tensors:
    per tensor, the number of gaps over one byte, a validity count and a histogram of
    residue widths. One copy to the host (sync 1).
 2. On the host, every encoding follows in closed form from those numbers and the tensor's
-   count and numel, with a few numpy ops over all tensors (``encode_plan``: encodings,
-   dense fallback, entries and body layout); what follows from the counts alone (every
-   candidate size but those the statistics decide) is computed while the device counts
-   (``encode_plan.prepare``), and the fused kernels rank escapes per block from the
-   encodings alone while the host lays the body out (``FusedFlat.count_escapes``). What
+   count and numel, with a few numpy ops over all tensors (``encoding_choice``: the
+   encodings; ``encode_plan``: dense fallback, entries and body layout); what follows
+   from the counts alone (every candidate size but those the statistics decide) is
+   computed while the device counts (``encode_plan.prepare``), and the fused kernels
+   rank escapes per block from the encodings alone while the host lays the body out
+   (``FusedFlat.count_escapes``). What
    depends only on the tensor set (names, dtypes, shapes, addresses, each entry's packed
    bytes, the kernels' per-tensor columns) is kept across syncs (``tensor_set``), so the
    Python per tensor left in a sync is reading its change set.

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 import attrs
 import xxhash
 
-from .encodings import DTYPES, MAX_NDIM, IndexEncoding, Kind, ValueEncoding, align
+from .encodings import DTYPES, MAX_NDIM, SIZE_LIMIT, IndexEncoding, Kind, ValueEncoding, align
 from .entry import Entry, _check
 from .errors import DigestError, HeaderError
 from .table_bytes import (_DIM, _ENTRY_FIELDS, _NAME_LENGTH, TABLE_CACHE, _built, _by_skeleton,
@@ -262,7 +262,7 @@ class _Reader:
         _check(name, "reserved", 0, reserved, reserved == 0)
         _check(name, "ndim", f"<= {MAX_NDIM}", ndim, ndim <= MAX_NDIM)
         shape = tuple(_DIM.unpack(self.take(_DIM.size, "shape"))[0] for _ in range(ndim))
-        _check(name, "shape", "dimensions < 2**62", shape, all(d < 2**62 for d in shape))
+        _check(name, "shape", "dimensions < 2**62", shape, all(d < SIZE_LIMIT for d in shape))
         return Entry(name=name, dtype=DTYPES[dtype], shape=shape, count=count,
                      index_encoding=self.enum(IndexEncoding, index_enc, "index_encoding", name),
                      index_width=index_width, index_escapes=index_esc,

@@ -7,7 +7,8 @@ segments (one per payload entry). Per-segment numbers sit in an int64 table of
 blocks, so a program reads its segment once from a block -> segment table
 (``fields.block_segments``; ``owned_block``): no per-element search, and no kernel is
 compiled per segment count. Tensors of different entries are reached through
-their addresses in the table (``load_int``), so one launch covers every tensor.
+their addresses in the table (``load_uniform``/``store_uniform`` where the block's item
+size is one, ``load_int`` where it varies), so one launch covers every tensor.
 
 ``put_fields`` adds bit fields into int64 body words with two atomic adds per run of
 elements of a warp that share a word (a field that straddles two words adds its high part

@@ -66,7 +66,6 @@ class Routes:
     lookup from that coordinate to its transfer, so an element finds its transfer with
     one read instead of comparing every box."""
 
-    dims: int
     narrow: bool
     """Every source tensor has fewer than 2**31 elements (32-bit coordinates)."""
     tensors: tuple[str, ...]
@@ -128,7 +127,7 @@ class Routes:
                     rows[3 + 3 * d].append(start[d])
                     rows[4 + 3 * d].append(start[d] + size[d])
         table = host_table(rows if rows[0] else [[0]] * len(rows), device)
-        return cls(dims=dims, narrow=all(s.numel < _NARROW for s in sources.values()),
+        return cls(narrow=all(s.numel < _NARROW for s in sources.values()),
                    tensors=tensors, sources=sources, table=table,
                    lookup=torch.from_numpy(np.concatenate(lookup or [np.full(1, -1, np.int32)])
                                            ).to(device))
@@ -234,12 +233,13 @@ def stage_routed(routes: Routes, weights: Mapping[str, torch.Tensor],
     # copied while the kernels above run: after the synchronization the write only launches
     new_on_device = host_table(new_at[None], device)[0]
     if checks is not None:  # the decode's checks first: its errors come before any fallback
-        summary.insert(0, checks.queued.to(device))
+        summary.insert(0, checks.queued)  # on this device: _routed passes them only then
     read = torch.cat(summary).tolist()  # the one host synchronization
     if checks is not None:
-        if checks.settle(read[:2]) is not None:
+        queued = checks.queued.numel()
+        if checks.settle(read[:queued]) is not None:
             return None
-        read = read[2:]
+        read = read[queued:]
     if any(read):
         return None
     return StagedRoutes(moves, new_at, new_on_device, keep, gathered)

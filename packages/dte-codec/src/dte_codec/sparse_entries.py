@@ -52,10 +52,10 @@ class SparseEntries:
         value_at, fields_bytes = flat.value_sections()
         body = flat.body.data_ptr()
         names = flat.header.names()
-        if picked.size != len(names):
+        if picked.size != len(names):  # else every entry is sparse: the columns as they are
             names = tuple(map(names.__getitem__, picked.tolist()))
-        return cls(names,
-                   {name: column[picked] for name, column in columns.items()},
+            columns = {name: column[picked] for name, column in columns.items()}
+        return cls(names, columns,
                    indices.data_ptr() + (np.cumsum(counts) - counts) * indices.element_size(),
                    np.full(picked.size, indices.element_size(), dtype=np.int64),
                    body + value_at[:, picked], fields_bytes[picked], (indices, flat.body),

@@ -12,7 +12,7 @@ import struct
 
 from typing import TYPE_CHECKING
 
-from .encodings import DTYPE_CODES, DTYPES, MAX_NDIM, IndexEncoding, ValueEncoding
+from .encodings import DTYPE_CODES, DTYPES, MAX_NDIM, SIZE_LIMIT, IndexEncoding, ValueEncoding
 from .entry import Entry
 
 if TYPE_CHECKING:
@@ -30,7 +30,8 @@ sync after sync, a receiver may serve a few streams; each costs O(entries) once.
 
 
 def _new_table(entries: tuple[Entry, ...]) -> EntryTable:
-    from .entry_table import EntryTable  # it reads this module's structs
+    # imported here: entry_table imports table_skeleton, which imports this module
+    from .entry_table import EntryTable
 
     return EntryTable(entries)
 
@@ -134,7 +135,7 @@ def _read_table(table: bytes, count: int) -> tuple[Entry, ...] | None:
             index_encoding = _INDEX_ENCODINGS.get(index_enc)
             value_encoding = _VALUE_ENCODINGS.get(value_enc)
             if index_encoding is None or value_encoding is None or (
-                    shape and max(shape) >= 2**62):
+                    shape and max(shape) >= SIZE_LIMIT):
                 return None
             entries.append(Entry(
                 name=table[name_at:fields_at].decode(),

@@ -20,8 +20,9 @@ from collections.abc import Iterator, Sequence
 import numpy as np
 import torch
 
-from .encodings import (BOX_FIELD_BYTES, INDEX32_LIMIT, MAX_NDIM, RESIDUE_DTYPES, IndexEncoding,
-                        ValueEncoding, index_itemsizes)
+from .bits import BYTE_BITS
+from .encodings import (BOX_FIELD_BYTES, INDEX32_LIMIT, MAX_NDIM, RESIDUE_DTYPES, SIZE_LIMIT,
+                        IndexEncoding, ValueEncoding, index_itemsizes)
 from .entry import Entry
 from .table_bytes import _ENTRY_FIELDS, _NAME_LENGTH
 
@@ -34,7 +35,7 @@ assert list(_BYTE_FIELDS.values()) == list(range(_BYTES_AT.start, _BYTES_AT.stop
 _WORD_FIELDS = ("count", "index_escapes", "value_escapes")
 _WORDS_AT = 8
 """Offset of the three u64 varying fields, back to back, inside an entry's fields."""
-_FIELD_LIMIT = 2**62
+_FIELD_LIMIT = SIZE_LIMIT
 """Counts and escape counts the columns hold; larger ones (never valid: numel < 2**62)
 are judged by the entries."""
 
@@ -44,17 +45,17 @@ def static_columns(ndim: np.ndarray, numel: np.ndarray, dtypes: Sequence[torch.d
     """The columns of a table that its tensors decide (int64 ``ndim`` and ``numel``, and
     ``dtypes``), with what the checks and section sizes derive from them alone: kept
     with a skeleton, they cost nothing per sync."""
+    itemsize = np.array([d.itemsize for d in dtypes], dtype=np.int64)
     return {"ndim": ndim, "numel": numel,
-            "itemsize": np.array([d.itemsize for d in dtypes], dtype=np.int64),
+            "itemsize": itemsize,
             "residue_dtype": np.array([d in RESIDUE_DTYPES for d in dtypes], dtype=bool),
-            "shape_fits": (ndim <= MAX_NDIM) & (numel < 2**62),
+            "shape_fits": (ndim <= MAX_NDIM) & (numel < SIZE_LIMIT),
             "index32_fits": numel < INDEX32_LIMIT,
-            "max_value_width": np.array([d.itemsize * 8 - 1 for d in dtypes], dtype=np.int64),
+            "max_value_width": itemsize * BYTE_BITS - 1,
             "bitmap_bytes": -(-numel // 8),  # a division: numel may reach 2**63 here
             "box_bytes": 2 * ndim * BOX_FIELD_BYTES,
             "numel_itemsize": index_itemsizes(numel),
-            "numel_top": np.maximum(numel, 1) - 1,
-            "no_section": np.full_like(numel, -1)}
+            "numel_top": np.maximum(numel, 1) - 1}
 
 
 class Skeleton:

@@ -199,9 +199,6 @@ def invert_runs(names: Sequence[str],
     return Inverter().runs(names, states, hypers, previous, dtypes, guard_ulps=guard_ulps)
 
 
-_STATE_FIELDS = ("master", "exp_avg", "exp_avg_sq")
-
-
 def _invert_reference(p: torch.Tensor, m: torch.Tensor, v: torch.Tensor, hyper: AdamWStep,
                       dtype: torch.dtype, guard_ulps: float) -> ChangeSet:
     """The torch reference over flat tensors, in chunks of ``CHUNK`` elements."""

@@ -48,8 +48,6 @@ from .staging import (advance, gather, locate, member_offset, narrow, on_device,
 
 ROWS = 128
 """Rows of 8 elements per tile (``staging.py``)."""
-TILE = ROWS * 8
-"""Elements per tile (``batch.plan``'s ``tile_elements``)."""
 WARPS = 4
 WAVES = 16
 """Programs per multiprocessor (``staging.programs``)."""
@@ -237,13 +235,20 @@ def invert_batch(flats: Sequence[tuple[torch.Tensor, torch.Tensor, torch.Tensor]
     outputs, while the device works on the next group.
     """
     keys = configurations(hypers, dtypes, guard_ulps)
-    return invert_planned(flats, keys, batch.plan(flats, keys, tile_elements=TILE))
+    return invert_planned(flats, keys, plan_groups(flats, keys))
+
+
+def plan_groups(flats: Sequence[tuple[torch.Tensor, torch.Tensor, torch.Tensor]],
+                keys: Sequence[tuple]) -> list[batch.Group]:
+    """``batch.plan`` of ``flats`` and their ``configurations`` over this module's tiles
+    (``ROWS`` read at the call: ``tools/gpu/tune_kernels.py`` sets it)."""
+    return batch.plan(flats, keys, tile_elements=ROWS * 8)
 
 
 def invert_planned(flats: Sequence[tuple[torch.Tensor, torch.Tensor, torch.Tensor]],
                    keys: Sequence[tuple], groups: Sequence[batch.Group]) -> list[ChangeRun]:
     """``invert_batch`` with its configurations (``configurations``) and its plan
-    (``batch.plan`` of ``flats`` and ``keys`` with tiles of ``TILE``) given: a caller
+    (``plan_groups``) given: a caller
     that keeps the plan between calls (``inverter.Inverter``) builds neither again."""
     assert ROWS * 8 <= 1 << 15, "tile offsets are staged as int16"
     found: list[ChangeRun] = []

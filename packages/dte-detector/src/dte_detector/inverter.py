@@ -20,10 +20,10 @@ from collections.abc import Sequence
 import attrs
 import torch
 
-from . import dispatch
+from . import batch, dispatch, inversion
 from .changes import ChangeRun, ChangeSet
 from .errors import PrecisionError, StepGapError
-from .inversion import _STATE_FIELDS, GUARD_ULPS, AdamWStep, _invert_reference
+from .inversion import GUARD_ULPS, AdamWStep
 
 
 class Inverter:
@@ -46,21 +46,22 @@ class Inverter:
             _raise_first(names, states, hypers, previous)
         # every dtype is fp32 here; the devices follow from the addresses (CUDA's unified
         # addressing gives each device and the host address ranges of their own)
-        signature = (list(map(torch.Tensor.data_ptr, flat)),
-                     list(map(torch.Tensor.is_contiguous, flat)),
+        contiguous = list(map(torch.Tensor.is_contiguous, flat))
+        signature = (list(map(torch.Tensor.data_ptr, flat)), contiguous,
                      list(map(torch.Tensor.numel, flat[::3])), moved, list(dtypes),
                      dispatch.forced())
         kept = self._kept
         if kept is None or kept.signature != signature:
-            kept = self._kept = _Layout.of(states, moved, dtypes, signature)
+            kept = self._kept = _Layout.of(states, moved, dtypes, contiguous, signature)
         found: list[ChangeSet | None] = [None] * len(states)
         for at in kept.empty:
             found[at] = ChangeSet.empty(states[at][0], dtype=dtypes[at])
         for at in kept.reference:
             p, m, v = states[at]
-            found[at] = _invert_reference(p.detach().reshape(-1), m.detach().reshape(-1),
-                                          v.detach().reshape(-1), hypers[at], dtypes[at],
-                                          guard_ulps)
+            # through the module: the reference is one function, wherever it is patched
+            found[at] = inversion._invert_reference(
+                p.detach().reshape(-1), m.detach().reshape(-1), v.detach().reshape(-1),
+                hypers[at], dtypes[at], guard_ulps)
         runs: list[ChangeRun] = []
         for fused in kept.fused:
             runs += fused.invert(states, hypers, dtypes, guard_ulps)
@@ -68,6 +69,7 @@ class Inverter:
 
 
 _DTYPE = operator.attrgetter("dtype")
+_STATE_FIELDS = ("master", "exp_avg", "exp_avg_sq")
 
 
 def _raise_first(names: Sequence[str],
@@ -100,8 +102,7 @@ class _Fused:
                hypers: Sequence[AdamWStep], dtypes: Sequence[torch.dtype],
                guard_ulps: float) -> list[ChangeRun]:
         """The members' runs, keyed by their positions among ``states``."""
-        from . import batch
-        from .inversion_kernel import TILE, configurations, invert_planned
+        from .inversion_kernel import configurations, invert_planned, plan_groups
         positions = self.positions
         whole = len(positions) == len(states)  # then the runs' own keys are the positions
         members = states
@@ -114,7 +115,7 @@ class _Fused:
         keys = configurations(hypers, dtypes, guard_ulps)
         ids = batch.key_ids(keys)
         if self.plan is None or self.plan[0] != ids or not self.contiguous:
-            self.plan = (ids, batch.plan(members, keys, tile_elements=TILE))
+            self.plan = (ids, plan_groups(members, keys))
         found = invert_planned(members, keys, self.plan[1])
         return found if whole else [run.named(positions) for run in found]
 
@@ -133,7 +134,10 @@ class _Layout:
 
     @classmethod
     def of(cls, states: Sequence[tuple[torch.Tensor, torch.Tensor, torch.Tensor]],
-           moved: Sequence[int], dtypes: Sequence[torch.dtype], signature: tuple) -> _Layout:
+           moved: Sequence[int], dtypes: Sequence[torch.dtype], contiguous: Sequence[bool],
+           signature: tuple) -> _Layout:
+        """The layout of ``states`` (``contiguous``: per tensor of ``states``, flat, in
+        order), kept under ``signature``."""
         empty, reference = [], []
         fused: dict[torch.device, list[int]] = {}
         for at, ((p, m, v), stepped, dtype) in enumerate(zip(states, moved, dtypes)):
@@ -143,7 +147,6 @@ class _Layout:
                 fused.setdefault(p.device, []).append(at)
             else:
                 reference.append(at)
-        contiguous = signature[1]
         return cls(signature, empty, reference,
                    [_Fused(positions, all(contiguous[3 * at + k] for at in positions
                                           for k in range(3)))

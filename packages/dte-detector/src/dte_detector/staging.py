@@ -105,10 +105,11 @@ def stage(slab_ptr, tile, flags, local, first, second, SLAB: tl.constexpr):
 @triton.jit
 def stage_counted(slab_ptr, counts_ptr, dense_ptr, tile, flags, local, first, second,
                   SLAB: tl.constexpr):
-    """``stage`` for a tile of any count, and the count (``count``): the first ``SLAB``
-    flagged elements go to the slab (``_gather`` skips a denser tile's slab, the dense
-    pass writes it). One block-wide scan gives both the slots and the count, where a
-    separate sum and a branch on it would cost a second block-wide reduction."""
+    """``stage`` for a tile of any count, its count stored and, past ``SLAB``, the tile
+    counted as dense (as ``store_count`` does): the first ``SLAB`` flagged elements go to
+    the slab (``_gather`` skips a denser tile's slab, the dense pass writes it). One
+    block-wide scan gives both the slots and the count, where a separate sum and a branch
+    on it would cost a second block-wide reduction."""
     per_row = tl.sum(flags, axis=1)
     ends = tl.cumsum(per_row, axis=0)
     rank = (ends - per_row)[:, None] + tl.cumsum(flags, axis=1) - flags
