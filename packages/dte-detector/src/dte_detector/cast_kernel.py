@@ -35,8 +35,10 @@ from .staging import (advance, gather, locate, member_offset, narrow, on_device,
 ROWS = 128
 """Rows of 8 elements per tile; one byte of dirty bits per row."""
 WARPS = 4
-WAVES = 16
-"""Programs per multiprocessor (``staging.programs``)."""
+WAVES = 64
+"""Programs per multiprocessor (``staging.programs``): more than fit at once (about five),
+so that the programs' last tiles even out across the multiprocessors (measured against
+16, 32 and 128 in docs/benchmarks.md)."""
 SLAB_FRACTION = 4
 """A tile stages at most a quarter of its elements as first seen (1 byte of scratch per
 element); a denser tile is done again by the dense pass."""
@@ -46,11 +48,14 @@ _FP32_ALIGN, _HALF_ALIGN = batch.VECTOR_BYTES // 4, batch.VECTOR_BYTES // 2
 
 
 @triton.jit
-def _load(master_ptr, model_ptr, offsets_ptr, width, numels_ptr, starts_ptr, member, tile,
-          ROWS: tl.constexpr, FP32_ALIGN: tl.constexpr, HALF_ALIGN: tl.constexpr,
-          NARROW: tl.constexpr):
-    """A tile's master and old model bits, its offset in its member, the member's size and
-    the member-local element offsets (int32 with ``NARROW``, as in the inversion)."""
+def _load(master_ptr, model_ptr, dirty_ptr, offsets_ptr, width, numels_ptr, starts_ptr,
+          member, tile, ROWS: tl.constexpr, FP32_ALIGN: tl.constexpr,
+          HALF_ALIGN: tl.constexpr, NARROW: tl.constexpr):
+    """A tile's master and old model bits, its dirty bytes (read here with the rest, so
+    that the tile after the current one has them in flight too: a load issued in
+    ``_tile`` would stall every tile for a memory round trip), its offset in its member,
+    the member's size and the member-local element offsets (int32 with ``NARROW``, as in
+    the inversion)."""
     own = tile - tl.load(starts_ptr + member)
     offsets, _, _ = tile_offsets(own, ROWS, NARROW)
     own = own.to(offsets.dtype)
@@ -60,12 +65,15 @@ def _load(master_ptr, model_ptr, offsets_ptr, width, numels_ptr, starts_ptr, mem
                      eviction_policy="evict_first")
     old = tl.load((model_ptr + member_offset(offsets_ptr, width + member, HALF_ALIGN)) + offsets,
                   mask=offsets < read_limit(numel, HALF_ALIGN), other=0)
-    return master, old, own, numel, offsets
+    rows = own * ROWS + tl.arange(0, ROWS)
+    before = tl.load((dirty_ptr + member_offset(offsets_ptr, 2 * width + member, 1)) + rows,
+                     mask=rows < (numel + 7) // 8, other=0)
+    return master, old, before, own, numel, offsets
 
 
 @triton.jit
 def _tile(model_ptr, dirty_ptr, offsets_ptr, width, counts_ptr, dense_ptr, slab_ptr,
-          index_ptr, old_ptr, total, tile, master, old, member, own, numel, offsets,
+          index_ptr, old_ptr, total, tile, master, old, before, member, own, numel, offsets,
           PAYLOAD: tl.constexpr, NAN_ABOVE: tl.constexpr, COPY: tl.constexpr,
           ROWS: tl.constexpr, KEEP: tl.constexpr, DENSE: tl.constexpr,
           HALF_ALIGN: tl.constexpr):
@@ -82,7 +90,7 @@ def _tile(model_ptr, dirty_ptr, offsets_ptr, width, counts_ptr, dense_ptr, slab_
     dirty_at = ((dirty_ptr + member_offset(offsets_ptr, 2 * width + member, 1))
                 + (own * ROWS + tl.arange(0, ROWS)))
     in_map = own * ROWS + tl.arange(0, ROWS) < (numel + 7) // 8
-    before = tl.load(dirty_at, mask=in_map, other=0).to(tl.int32)
+    before = before.to(tl.int32)
     fresh = flips & (1 - ((before[:, None] >> columns) & 1))
     count = tl.sum(tl.sum(fresh, axis=1), axis=0)
     if not DENSE:
@@ -113,19 +121,19 @@ def _record(master_ptr, model_ptr, dirty_ptr, offsets_ptr, width, numels_ptr, st
     """The first pass: programs walk the tiles, reading the next tile first."""
     first, step = tl.program_id(0), tl.num_programs(0)
     member = advance(starts_ptr, first.to(tl.int64) * 0, first)
-    master, old, own, numel, offsets = _load(master_ptr, model_ptr, offsets_ptr, width,
-                                             numels_ptr, starts_ptr, member, first, ROWS,
-                                             FP32_ALIGN, HALF_ALIGN, NARROW)
+    master, old, before, own, numel, offsets = _load(
+        master_ptr, model_ptr, dirty_ptr, offsets_ptr, width, numels_ptr, starts_ptr, member,
+        first, ROWS, FP32_ALIGN, HALF_ALIGN, NARROW)
     for tile in range(first, tiles, step):
         member_next = advance(starts_ptr, member, tile + step)
-        master_next, old_next, own_next, numel_next, offsets_next = _load(
-            master_ptr, model_ptr, offsets_ptr, width, numels_ptr, starts_ptr, member_next,
-            tile + step, ROWS, FP32_ALIGN, HALF_ALIGN, NARROW)
+        master_next, old_next, before_next, own_next, numel_next, offsets_next = _load(
+            master_ptr, model_ptr, dirty_ptr, offsets_ptr, width, numels_ptr, starts_ptr,
+            member_next, tile + step, ROWS, FP32_ALIGN, HALF_ALIGN, NARROW)
         _tile(model_ptr, dirty_ptr, offsets_ptr, width, counts_ptr, dense_ptr, slab_ptr,
-              index_ptr, old_ptr, total, tile, master, old, member, own, numel, offsets,
-              PAYLOAD, NAN_ABOVE, COPY, ROWS, SLAB, False, HALF_ALIGN)
-        master, old, member, own, numel = master_next, old_next, member_next, own_next, numel_next
-        offsets = offsets_next
+              index_ptr, old_ptr, total, tile, master, old, before, member, own, numel,
+              offsets, PAYLOAD, NAN_ABOVE, COPY, ROWS, SLAB, False, HALF_ALIGN)
+        master, old, before, member, own = master_next, old_next, before_next, member_next, own_next
+        numel, offsets = numel_next, offsets_next
 
 
 @triton.jit(do_not_specialize=["tiles", "width", "total", "steps"])
@@ -140,11 +148,11 @@ def _record_dense(master_ptr, model_ptr, dirty_ptr, offsets_ptr, width, numels_p
     tile = tl.program_id(0)
     if tl.load(counts_ptr + tile) > SLAB:
         member = locate(starts_ptr, tile, steps)
-        master, old, own, numel, offsets = _load(master_ptr, model_ptr, offsets_ptr, width,
-                                                 numels_ptr, starts_ptr, member, tile, ROWS,
-                                                 FP32_ALIGN, HALF_ALIGN, NARROW)
+        master, old, before, own, numel, offsets = _load(
+            master_ptr, model_ptr, dirty_ptr, offsets_ptr, width, numels_ptr, starts_ptr,
+            member, tile, ROWS, FP32_ALIGN, HALF_ALIGN, NARROW)
         _tile(model_ptr, dirty_ptr, offsets_ptr, width, counts_ptr, counts_ptr, ends_ptr,
-              index_ptr, old_ptr, total, tile, master, old, member, own, numel, offsets,
+              index_ptr, old_ptr, total, tile, master, old, before, member, own, numel, offsets,
               PAYLOAD, NAN_ABOVE, COPY, ROWS, ROWS * 8, True, HALF_ALIGN)
 
 

@@ -49,8 +49,10 @@ from .staging import (advance, gather, locate, member_offset, narrow, on_device,
 ROWS = 128
 """Rows of 8 elements per tile (``staging.py``)."""
 WARPS = 4
-WAVES = 16
-"""Programs per multiprocessor (``staging.programs``)."""
+WAVES = 32
+"""Programs per multiprocessor (``staging.programs``): more than fit at once (four), so
+that the programs' last tiles even out across the multiprocessors (measured against 16,
+64 and 128 in docs/benchmarks.md)."""
 SLAB_FRACTION = 8
 """A tile stages at most ``1 / SLAB_FRACTION`` of its elements as changed; a denser tile
 is recomputed by ``_dense``."""
