@@ -29,29 +29,23 @@ EXACT_NUMEL = 2**40
 their sum over up to ``EXACT_ENTRIES`` entries then stays far inside int64."""
 EXACT_ENTRIES = 2**20
 
-@attrs.frozen(eq=False)
+
+def _ints(values: np.ndarray | tuple[int, ...]) -> tuple[int, ...]:
+    return values if isinstance(values, tuple) else tuple(values.tolist())
+
+
+@attrs.frozen
 class Sections:
     """The unpadded byte sizes of every section of a table, in body order, and how many
     sections each entry has: int64 arrays where the columns computed them (what the
     batched decoder reads, with no Python int per section), Python ints where the
-    entries did (sizes beyond int64 are possible there until a body bounds them)."""
+    entries did (sizes beyond int64 are possible there until a body bounds them). Equal
+    by their sizes as ints, however they are held (no sync compares or hashes them)."""
 
-    _sizes: np.ndarray | tuple[int, ...]
-    _per_entry: np.ndarray | tuple[int, ...]
+    _sizes: np.ndarray | tuple[int, ...] = attrs.field(eq=_ints)
+    _per_entry: np.ndarray | tuple[int, ...] = attrs.field(eq=_ints)
     body_size: int
     """Bytes of all sections, each padded to the alignment."""
-
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, Sections):
-            return NotImplemented
-        return self._key == other._key
-
-    def __hash__(self) -> int:
-        return hash(self._key)
-
-    @functools.cached_property
-    def _key(self) -> tuple:
-        return self.sizes, self.per_entry, self.body_size
 
     @functools.cached_property
     def sizes(self) -> tuple[int, ...]:
@@ -78,10 +72,6 @@ class Sections:
         """Each entry's first section, as a position in ``sizes``."""
         per_entry = np.asarray(self._per_entry, dtype=np.int64)
         return np.cumsum(per_entry) - per_entry
-
-
-def _ints(values: np.ndarray | tuple[int, ...]) -> tuple[int, ...]:
-    return values if isinstance(values, tuple) else tuple(values.tolist())
 
 
 class EntryTable:
