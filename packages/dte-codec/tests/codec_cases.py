@@ -5,6 +5,7 @@ per-tensor reference on the CPU, and asserts equal bytes, indices, values or err
 from __future__ import annotations
 
 import attrs
+import pytest
 import torch
 from hypothesis import note
 from hypothesis import strategies as st
@@ -101,6 +102,27 @@ def assert_encoders_agree(cases, device) -> None:
     actual = encode_delta_flat(tensors, changes, stream_id="s", base_version=4, version=5)
     note(f"{len(expected)} vs {actual.nbytes} bytes")
     assert expected == bytes(actual)
+
+
+def assert_stale_escapes_refused(monkeypatch, encoder: type, device) -> None:
+    """A flat encoder (of type ``encoder`` on ``device``) writes only with the escape
+    ranks it counted itself: ``count_escapes`` made to hand back the first sync's ranks,
+    the second sync's ``write`` refuses them instead of writing with them."""
+    values = torch.zeros(3, dtype=torch.bfloat16)
+    cases = [(torch.arange(600, dtype=torch.bfloat16),
+              Change(torch.tensor([0, 299, 599]), values, values))]
+    tensors, changes = named(cases, device)
+    count, counted = encoder.count_escapes, []
+
+    def first_sync_ranks(self, choice):
+        counted.append(count(self, choice))
+        return counted[0]
+    monkeypatch.setattr(encoder, "count_escapes", first_sync_ranks)
+    expected = _encode(cases)
+    first = encode_delta_flat(tensors, changes, stream_id="s", base_version=4, version=5)
+    assert expected == bytes(first)
+    with pytest.raises(AssertionError, match="escapes counted by another encoder"):
+        encode_delta_flat(tensors, changes, stream_id="s", base_version=4, version=5)
 
 
 def same_payload(expected, actual) -> None:

@@ -6,11 +6,12 @@ from __future__ import annotations
 import itertools
 import random
 
+import numpy as np
 import pytest
 import torch
 from dte_codec.encodings import DTYPES, IndexEncoding, Kind, ValueEncoding
 from dte_codec.entry import Entry
-from dte_codec.entry_table import EXACT_NUMEL, EntryTable
+from dte_codec.entry_table import EXACT_NUMEL, EntryTable, Sections
 from dte_codec.errors import HeaderError
 from dte_codec.header import _Reader, Header
 from dte_codec.section_views import _split
@@ -118,3 +119,14 @@ def test_sections_are_the_same_bytes_in_one_segment_or_many():
     one, many = _split(header, (body,)), _split(header, pieces)
     assert [len(s) for s in one] == [len(e.section_sizes()) for e in entries]
     assert [[t.tolist() for t in s] for s in one] == [[t.tolist() for t in s] for s in many]
+
+
+def test_sections_equal_by_their_sizes_however_held():
+    """Sizes held as int64 arrays (the columns) and as tuples (the entries) compare and
+    hash alike; one size, one entry's section count or the body size apart: unequal."""
+    arrays = Sections(np.array([3, 8, 0]), np.array([2, 1]), 24)
+    assert Sections((3, 8, 0), (2, 1), 24) == arrays
+    assert hash(Sections((3, 8, 0), (2, 1), 24)) == hash(arrays)
+    for other in (Sections((3, 9, 0), (2, 1), 24), Sections((3, 8, 0), (1, 2), 24),
+                  Sections((3, 8, 0), (2, 1), 32)):
+        assert other != arrays

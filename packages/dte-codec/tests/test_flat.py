@@ -14,13 +14,14 @@ from dte_codec.encode import encode_delta_batched, encode_delta_per_tensor
 from dte_codec.errors import EncodeError
 from dte_codec import fields
 from dte_codec.fields import Body, PinnedStage, Segments, block_segments, host_tables
+from dte_codec.flat_encode import TorchFlat
 from dte_codec.indices import _bitmap, _elias_fano, _gap8, _raw, choose_indices, encode_indices
 from hypothesis import example, given
 from hypothesis import strategies as st
 
 from codec_cases import (Change, HostReads, assert_corrupt_decodes_agree,
                          assert_decoders_agree, assert_encoders_agree, assert_residues_agree,
-                         tensor_and_change)
+                         assert_stale_escapes_refused, tensor_and_change)
 
 
 @given(st.lists(tensor_and_change(), max_size=6))
@@ -29,6 +30,12 @@ from codec_cases import (Change, HostReads, assert_corrupt_decodes_agree,
 def test_flat_encoder_writes_the_reference_bytes(cases):
     """Over dtypes, shapes (0-d, empty), densities, gaps and bounds: byte-identical."""
     assert_encoders_agree(cases, "cpu")
+
+
+def test_flat_encoder_writes_only_with_escapes_it_counted(monkeypatch):
+    """``TorchFlat.write`` takes the ranks of its own ``count_escapes``, never a previous
+    sync's."""
+    assert_stale_escapes_refused(monkeypatch, TorchFlat, "cpu")
 
 
 @given(st.lists(tensor_and_change(), max_size=6))

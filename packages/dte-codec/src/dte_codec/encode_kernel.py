@@ -34,15 +34,16 @@ import torch
 import triton
 import triton.language as tl
 
+from .change_table import ChangeTable
 from .dispatch import on_device
-from .encodings import IndexEncoding, ValueEncoding
+from .encode_plan import Choice, Layout
+from .encodings import BITMAP, ELIAS_FANO, GAP8, RESIDUE
 from .fields import block_segments, host_table
+from .flat_encode import Escapes
 from .kernel_bits import (bit_length, column, load_uniform, order_key, owned_block, packs,
                           put_fields, put_packed, store_uniform, width_mask)
 
 if TYPE_CHECKING:
-    from .change_table import ChangeTable
-    from .encode_plan import Choice, Layout
     from .tensor_set import TensorSet
 
 BLOCK = 256
@@ -60,44 +61,30 @@ _WIDE_BIT = tl.constexpr(64)
 _MAX_GAP_BYTE = tl.constexpr(255)
 _INT64 = torch.int64
 
-# columns of the items table (one row per column, one entry per tensor): the sync's
-# counts and blocks, then where its change sets lie (change_table.ChangeTable.COLUMNS),
-# then what only the tensor set decides (FusedFlat._static)
-_COUNT = tl.constexpr(0)
-_FIRST_BLOCK = tl.constexpr(1)
-_BLOCKS = 2
-_INDEX_AT = tl.constexpr(3)
-_INDEX_SIZE = tl.constexpr(4)
-_LOW_AT = tl.constexpr(5)
-_HIGH_AT = tl.constexpr(6)
-_NUMEL = tl.constexpr(7)
-_BITS = tl.constexpr(8)
-_RESIDUE = tl.constexpr(9)
-_VALUE_AT = tl.constexpr(10)
-_SIZE = tl.constexpr(11)
-_ITEM_COLUMNS = 12
-# columns of the layout table: encode_plan.Layout.COLUMNS
-_ENC = tl.constexpr(0)
-_FIRST = tl.constexpr(1)
-_STRIDE = tl.constexpr(2)
-_WIDTH = tl.constexpr(3)
-_SECOND = tl.constexpr(4)
-_ESCAPE_BITS = tl.constexpr(5)
-_LOW_WIDTH = tl.constexpr(6)
-_VENC = tl.constexpr(7)
-_VWIDTH = tl.constexpr(8)
-_FIELDS = tl.constexpr(9)
-_POSITIONS = tl.constexpr(10)
-_POSITION_BITS = tl.constexpr(11)
-_RAW = tl.constexpr(12)
-# columns of the choice table: encode_plan.Choice.COLUMNS
-_C_ENC = tl.constexpr(0)
-_C_VENC = tl.constexpr(1)
-_C_VWIDTH = tl.constexpr(2)
-_E_GAP8 = tl.constexpr(IndexEncoding.GAP8.value)
-_E_BITMAP = tl.constexpr(IndexEncoding.BITMAP.value)
-_E_ELIAS_FANO = tl.constexpr(IndexEncoding.ELIAS_FANO.value)
-_V_RESIDUE = tl.constexpr(ValueEncoding.RESIDUE.value)
+
+def _rows(table: Sequence[str], *names: str) -> tuple[tl.constexpr, ...]:
+    """The rows ``names`` of a table whose rows are ``table``, as kernel constants: every
+    table's row order is defined once, where the table is built."""
+    return tuple(tl.constexpr(table.index(name)) for name in names)
+
+
+_STATIC = ("numel", "bits", "residue", "value_at", "size")
+"""The rows of the items table that only the tensor set decides (``_static``)."""
+_ITEMS = ("count", "first_block", "blocks", *ChangeTable.COLUMNS, *_STATIC)
+"""The items table (one row per column, one entry per tensor): the sync's counts and
+blocks, then where its change sets lie, then what only the tensor set decides."""
+(_COUNT, _FIRST_BLOCK, _INDEX_AT, _INDEX_SIZE, _LOW_AT, _HIGH_AT, _NUMEL, _BITS, _RESIDUE,
+ _VALUE_AT, _SIZE) = _rows(_ITEMS, "count", "first_block", "index_at", "index_size", "low_at",
+                           "high_at", "numel", "bits", "residue", "value_at", "size")
+_BLOCKS = _ITEMS.index("blocks")
+(_ENC, _FIRST, _STRIDE, _WIDTH, _SECOND, _ESCAPE_BITS, _LOW_WIDTH, _VENC, _VWIDTH, _FIELDS,
+ _POSITIONS, _POSITION_BITS, _RAW) = _rows(
+    Layout.COLUMNS, "index_encoding", "first", "stride", "width", "second", "escape_bits",
+    "low_width", "value_encoding", "value_width", "fields", "positions", "position_bits", "raw")
+_C_ENC, _C_VENC, _C_VWIDTH = _rows(Choice.COLUMNS, "index_encoding", "value_encoding",
+                                   "value_width")
+_E_GAP8, _E_BITMAP, _E_ELIAS_FANO = (tl.constexpr(code) for code in (GAP8, BITMAP, ELIAS_FANO))
+_V_RESIDUE = tl.constexpr(RESIDUE)
 
 
 @triton.jit
@@ -310,7 +297,7 @@ class FusedFlat:
         every = len(rows) == len(known.names)  # rows are sorted: every tensor, in order
         blocks = -(-counts // BLOCK)
         self.blocks = int(blocks.sum())
-        columns = np.empty((_ITEM_COLUMNS, len(rows)), np.int64)
+        columns = np.empty((len(_ITEMS), len(rows)), np.int64)
         columns[_COUNT], columns[_BLOCKS] = counts, blocks
         np.cumsum(blocks, out=columns[_FIRST_BLOCK])
         columns[_FIRST_BLOCK] -= blocks
@@ -343,25 +330,26 @@ class FusedFlat:
                                        BLOCK=BLOCK, BINS=HIST_BINS, num_warps=WARPS)
         return out
 
-    def count_escapes(self, choice: Choice) -> None:
+    def count_escapes(self, choice: Choice) -> Escapes:
         """Queue the escape counts per block and their prefix sum, which need only the
         encodings (``choice``, before the dense fallback: a dense entry's counts cancel
         out and are never read), so that the device counts while the host lays out."""
+        counts = torch.empty(2, self.blocks, dtype=_INT64, device=self.device)
         if self.blocks:
-            counts = torch.empty(2, self.blocks, dtype=_INT64, device=self.device)
             with on_device(self.device):
                 _escape_counts[(self.blocks,)](self.items, host_table(choice.columns(),
                                                                       self.device),
                                                self.block_seg, self.segments, self.codes,
                                                counts, self.blocks, BLOCK=BLOCK,
                                                num_warps=WARPS)
-            # one flat prefix sum over both rows (a device-wide scan; a scan per row runs
-            # as one slow block each): the second row's offset cancels in _before
-            self._escapes = counts, torch.cumsum(counts.view(-1), 0)
+        # one flat prefix sum over both rows (a device-wide scan; a scan per row runs as
+        # one slow block each): the second row's offset cancels in _before
+        return Escapes(self, (counts, torch.cumsum(counts.view(-1), 0)))
 
-    def write(self, layout: Layout) -> torch.Tensor:
-        """The body laid out by ``layout`` as uint8 on the device, dense entries left zero
-        (after ``count_escapes`` of the encodings ``layout`` lays out)."""
+    def write(self, layout: Layout, escapes: Escapes) -> torch.Tensor:
+        """The body laid out by ``layout`` as uint8 on the device, dense entries left zero;
+        ``escapes``: this encoder's ``count_escapes`` of the encodings ``layout`` lays out."""
+        ranks = escapes.ranks_for(self)
         words = layout.size // 8
         # one spare word: an element past its stream's last field adds zero just past it
         body = torch.zeros(words + 1, dtype=_INT64, device=self.device)
@@ -369,7 +357,7 @@ class FusedFlat:
             with on_device(self.device):
                 _write[(self.blocks,)](self.items, layout.table, self.block_seg,
                                        self.segments, self.codes, self.patterns.data_ptr(),
-                                       self.pattern_size, *self._escapes, self.blocks, body,
+                                       self.pattern_size, *ranks, self.blocks, body,
                                        BLOCK=BLOCK, num_warps=WARPS)
         return body[:words].view(torch.uint8)
 
@@ -388,7 +376,8 @@ def _static(known: TensorSet) -> np.ndarray:
     static = known.caches.get(FusedFlat)
     if static is None:
         table = known.table
-        static = known.caches[FusedFlat] = np.stack([
-            table.numel, known.bits, table.residue, known.pointer, table.itemsize]
-        ).astype(np.int64)
+        rows = {"numel": table.numel, "bits": known.bits, "residue": table.residue,
+                "value_at": known.pointer, "size": table.itemsize}
+        static = known.caches[FusedFlat] = np.stack([rows[name] for name in _STATIC]
+                                                    ).astype(np.int64)
     return static

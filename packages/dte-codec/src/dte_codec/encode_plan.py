@@ -17,9 +17,9 @@ import numpy as np
 import torch
 
 from .bits import BYTE_BITS, ceil_bytes
-from .encoding_choice import (_DENSE, _ELIAS_FANO, _INDEX_ENCODINGS, _RESIDUE, _VALUE_ENCODINGS,
-                              IndexChoice, IndexSizes, ValueChoice, ValueSizes)
-from .encodings import ALIGNMENT, RESIDUE_DTYPES
+from .encoding_choice import IndexChoice, IndexSizes, ValueChoice, ValueSizes
+from .encodings import (ALIGNMENT, DENSE, ELIAS_FANO, INDEX_ENCODINGS, RESIDUE, RESIDUE_DTYPES,
+                        VALUE_ENCODINGS)
 from .entry import Entry
 from .entry_pack import FIELDS
 from .fields import host_table
@@ -151,7 +151,7 @@ class Counted:
         if dense.any():  # usually none: a delta is sent because it is sparse
             keep = ~dense
             count = np.where(dense, table.numel, count)
-            index = IndexChoice(np.where(dense, _DENSE, index.encoding),
+            index = IndexChoice(np.where(dense, DENSE, index.encoding),
                                 index.width * keep, index.escapes * keep)
             value = ValueChoice(value.encoding * keep, value.width * keep, value.escapes * keep)
             sizes = np.where(dense[:, None], 0, sizes)
@@ -172,9 +172,9 @@ class Counted:
         count, escapes = self.count, value.escapes
         sizes = np.empty((len(count), _SECTIONS), np.int64)
         sizes[:, 0] = first
-        sizes[:, 1] = (np.where(index.encoding == _ELIAS_FANO, self.index.upper_bytes, 0)
+        sizes[:, 1] = (np.where(index.encoding == ELIAS_FANO, self.index.upper_bytes, 0)
                        + index.escapes * self.index.itemsize)  # escapes: GAP8's only
-        sizes[:, 2] = np.where(value.encoding == _RESIDUE,
+        sizes[:, 2] = np.where(value.encoding == RESIDUE,
                                ceil_bytes((count - escapes) * value.width), self.value.raw)
         sizes[:, 3] = escapes * self.value.position_size
         sizes[:, 4] = escapes * self.table.itemsize
@@ -187,7 +187,7 @@ class Counted:
         _, width, stride, two_sections = by_encoding
         sparse = ~dense
         first, fields = starts[:, 0], starts[:, 2]
-        residue = value.encoding == _RESIDUE
+        residue = value.encoding == RESIDUE
         rows = (np.where(dense, -1, index.encoding), first,
                 np.where(dense, self.table.itemsize * BYTE_BITS, stride), width * sparse,
                 np.where(two_sections.astype(bool) & sparse, starts[:, 1], first),
@@ -223,6 +223,6 @@ def _entries(table: TensorTable, count: np.ndarray, index: IndexChoice,
         count, index.encoding, index.width, index.escapes, value.encoding, value.width,
         value.escapes)))
     return tuple(Entry(name=name, dtype=dtype, shape=shape, count=n,
-                       index_encoding=_INDEX_ENCODINGS[ie], index_width=iw, index_escapes=ix,
-                       value_encoding=_VALUE_ENCODINGS[ve], value_width=vw, value_escapes=vx)
+                       index_encoding=INDEX_ENCODINGS[ie], index_width=iw, index_escapes=ix,
+                       value_encoding=VALUE_ENCODINGS[ve], value_width=vw, value_escapes=vx)
                  for name, dtype, shape, n, ie, iw, ix, ve, vw, vx in rows)

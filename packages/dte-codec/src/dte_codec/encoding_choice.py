@@ -17,22 +17,12 @@ import numpy as np
 import torch
 
 from .bits import BYTE_BITS, ceil_bytes
-from .encodings import INDEX32_LIMIT, RESIDUE_DTYPES, IndexEncoding, ValueEncoding, index_itemsizes
+from .encodings import (BITMAP, ELIAS_FANO, GAP8, INDEX32_LIMIT, INT32, INT64, RAW, RESIDUE,
+                        RESIDUE_DTYPES, IndexEncoding, ValueEncoding, index_itemsizes)
 
 _NONE = np.iinfo(np.int64).max
 """The size of a candidate that is not allowed."""
 _POWERS = np.left_shift(np.int64(1), np.arange(63, dtype=np.int64))
-_INDEX_ENCODINGS = {e.value: e for e in IndexEncoding}
-_VALUE_ENCODINGS = {e.value: e for e in ValueEncoding}
-
-
-_DENSE, _INT32, _INT64, _BITMAP, _GAP8, _ELIAS_FANO = (int(e) for e in (
-    IndexEncoding.DENSE, IndexEncoding.INT32, IndexEncoding.INT64, IndexEncoding.BITMAP,
-    IndexEncoding.GAP8, IndexEncoding.ELIAS_FANO))
-_RAW, _RESIDUE = int(ValueEncoding.RAW), int(ValueEncoding.RESIDUE)
-"""The encodings as plain ints: numpy compares an array with an int ten times faster than
-with an ``IntEnum`` member."""
-
 
 def _bit_length(x: np.ndarray) -> np.ndarray:
     """Bits needed for each non-negative int64 (0 for 0), without floating point: how
@@ -90,26 +80,26 @@ class IndexSizes:
         bitmap = np.where(numel <= BYTE_BITS * raw, map_bytes, _NONE)
         other = np.minimum(ef, bitmap)
         raw_wins = raw <= other
-        encoding = np.where(raw_wins, np.where(numel < INDEX32_LIMIT, _INT32, _INT64),
-                            np.where(ef <= bitmap, _ELIAS_FANO, _BITMAP))
+        encoding = np.where(raw_wins, np.where(numel < INDEX32_LIMIT, INT32, INT64),
+                            np.where(ef <= bitmap, ELIAS_FANO, BITMAP))
         raw_bits = size * BYTE_BITS
-        by_encoding = np.zeros((len(cls.BY_ENCODING), len(_INDEX_ENCODINGS), len(count)),
+        by_encoding = np.zeros((len(cls.BY_ENCODING), len(IndexEncoding), len(count)),
                                np.int64)
         first, width, stride, two_sections = by_encoding
-        first[[_INT32, _INT64]], width[[_INT32, _INT64]] = raw, raw_bits
-        stride[[_INT32, _INT64]] = raw_bits
-        first[_BITMAP], width[_BITMAP] = map_bytes, 1  # a bit at each index: stride 0
-        first[_GAP8], width[_GAP8], stride[_GAP8] = count, BYTE_BITS, BYTE_BITS
-        first[_ELIAS_FANO], width[_ELIAS_FANO], stride[_ELIAS_FANO] = low_bytes, low, low
-        two_sections[[_GAP8, _ELIAS_FANO]] = 1
+        first[[INT32, INT64]], width[[INT32, INT64]] = raw, raw_bits
+        stride[[INT32, INT64]] = raw_bits
+        first[BITMAP], width[BITMAP] = map_bytes, 1  # a bit at each index: stride 0
+        first[GAP8], width[GAP8], stride[GAP8] = count, BYTE_BITS, BYTE_BITS
+        first[ELIAS_FANO], width[ELIAS_FANO], stride[ELIAS_FANO] = low_bytes, low, low
+        two_sections[[GAP8, ELIAS_FANO]] = 1
         return cls(count, size, low, encoding, np.where(raw_wins, raw, other + 1), upper_bytes,
                    by_encoding)
 
     def choose(self, gap_escapes: np.ndarray) -> IndexChoice:
         """The smallest encodings, given each tensor's gaps over a byte."""
         gap = self.count + gap_escapes * self.itemsize < self.gap_limit
-        encoding = np.where(gap, _GAP8, self.encoding)
-        return IndexChoice(encoding, np.where(encoding == _ELIAS_FANO, self.low, 0),
+        encoding = np.where(gap, GAP8, self.encoding)
+        return IndexChoice(encoding, np.where(encoding == ELIAS_FANO, self.low, 0),
                            np.where(gap, gap_escapes, 0))
 
 
@@ -160,7 +150,7 @@ class ValueSizes:
         count = self.count
         if not len(self.width):
             zero = np.zeros_like(count)
-            return ValueChoice(np.full_like(count, _RAW), zero, zero)
+            return ValueChoice(np.full_like(count, RAW), zero, zero)
         covered = np.cumsum(hist[:, 1:], axis=1)
         sizes = ceil_bytes(covered * self.width) + (self.escaped_all - covered * self.escape)
         if self.barred is not None:
@@ -168,7 +158,7 @@ class ValueSizes:
         at = sizes.argmin(1)
         chosen = self.residue & (sizes[self.rows, at] < self.raw)
         escapes = count - hist[:, 0] - covered[self.rows, at]
-        return ValueChoice(np.where(chosen, _RESIDUE, _RAW), np.where(chosen, at + 1, 0),
+        return ValueChoice(np.where(chosen, RESIDUE, RAW), np.where(chosen, at + 1, 0),
                            np.where(chosen, escapes, 0))
 
 
@@ -198,7 +188,7 @@ def choose_values(count: int, dtype: torch.dtype, itemsize: int,
     row = np.zeros((1, max(len(hist), itemsize * BYTE_BITS)), dtype=np.int64)
     row[0, :len(hist)] = hist
     c = choose_value_encodings(np.array([count]), np.array([itemsize]), np.array([True]), row)
-    if c.encoding[0] == ValueEncoding.RAW:
+    if c.encoding[0] == RAW:
         return {}
     return {"value_encoding": ValueEncoding.RESIDUE, "value_width": int(c.width[0]),
             "value_escapes": int(c.escapes[0])}

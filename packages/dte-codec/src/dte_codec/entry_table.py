@@ -19,7 +19,8 @@ import attrs
 import numpy as np
 
 from .bits import ceil_bytes
-from .encodings import IndexEncoding, Kind, ValueEncoding, align, index_itemsizes
+from .encodings import (BITMAP, BOX, DENSE, ELIAS_FANO, GAP8, INT32, INT64, RAW, RESIDUE,
+                        IndexEncoding, Kind, align, index_itemsizes)
 from .entry import Entry
 from .table_skeleton import Entries, static_columns
 
@@ -28,29 +29,23 @@ EXACT_NUMEL = 2**40
 their sum over up to ``EXACT_ENTRIES`` entries then stays far inside int64."""
 EXACT_ENTRIES = 2**20
 
-@attrs.frozen(eq=False)
+
+def _ints(values: np.ndarray | tuple[int, ...]) -> tuple[int, ...]:
+    return values if isinstance(values, tuple) else tuple(values.tolist())
+
+
+@attrs.frozen
 class Sections:
     """The unpadded byte sizes of every section of a table, in body order, and how many
     sections each entry has: int64 arrays where the columns computed them (what the
     batched decoder reads, with no Python int per section), Python ints where the
-    entries did (sizes beyond int64 are possible there until a body bounds them)."""
+    entries did (sizes beyond int64 are possible there until a body bounds them). Equal
+    by their sizes as ints, however they are held (no sync compares or hashes them)."""
 
-    _sizes: np.ndarray | tuple[int, ...]
-    _per_entry: np.ndarray | tuple[int, ...]
+    _sizes: np.ndarray | tuple[int, ...] = attrs.field(eq=_ints)
+    _per_entry: np.ndarray | tuple[int, ...] = attrs.field(eq=_ints)
     body_size: int
     """Bytes of all sections, each padded to the alignment."""
-
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, Sections):
-            return NotImplemented
-        return self._key == other._key
-
-    def __hash__(self) -> int:
-        return hash(self._key)
-
-    @functools.cached_property
-    def _key(self) -> tuple:
-        return self.sizes, self.per_entry, self.body_size
 
     @functools.cached_property
     def sizes(self) -> tuple[int, ...]:
@@ -79,10 +74,6 @@ class Sections:
         return np.cumsum(per_entry) - per_entry
 
 
-def _ints(values: np.ndarray | tuple[int, ...]) -> tuple[int, ...]:
-    return values if isinstance(values, tuple) else tuple(values.tolist())
-
-
 class EntryTable:
     """The entries' fields as int64 columns (``None`` columns: a field beyond int64 or
     not an integer, which only the per-entry path judges)."""
@@ -109,17 +100,17 @@ class EntryTable:
             return False
         c = self.columns
         n, numel, ie, ve = c["count"], c["numel"], c["index_encoding"], c["value_encoding"]
-        dense = ie == _DENSE
-        block = dense | (ie == _BOX)
-        residue = ve == _RESIDUE
+        dense = ie == DENSE
+        block = dense | (ie == BOX)
+        residue = ve == RESIDUE
         ok = (c["shape_fits"] & (n <= numel)
               & (block | (kind == Kind.DELTA)) & (~dense | (n == numel)) & (dense | (n >= 1))
-              & (~block | (ve == _RAW))
-              & ((ie != _INT32) | c["index32_fits"])
+              & (~block | (ve == RAW))
+              & ((ie != INT32) | c["index32_fits"])
               & (c["index_escapes"] <= n)
-              & ((ie == _GAP8) | (c["index_escapes"] == 0))
+              & ((ie == GAP8) | (c["index_escapes"] == 0))
               & (c["index_width"] <= 62)
-              & ((ie == _ELIAS_FANO) | (c["index_width"] == 0))
+              & ((ie == ELIAS_FANO) | (c["index_width"] == 0))
               & (~residue | c["residue_dtype"])
               & np.where(residue, (c["value_width"] >= 1)
                          & (c["value_width"] <= c["max_value_width"]), c["value_width"] == 0)
@@ -172,12 +163,12 @@ def _slots(c: dict[str, np.ndarray]) -> np.ndarray:
     slots = np.empty((len(n), 5), np.int64)
     # the candidates of every encoding, chosen by its code in one pass
     np.choose(ie, _by_code(
-        {_DENSE: none, _INT32: n * 4, _INT64: n * 8, _BITMAP: c["bitmap_bytes"], _GAP8: n,
-         _ELIAS_FANO: ceil_bytes(n * width), _BOX: c["box_bytes"]}), out=slots[:, 0])
+        {DENSE: none, INT32: n * 4, INT64: n * 8, BITMAP: c["bitmap_bytes"], GAP8: n,
+         ELIAS_FANO: ceil_bytes(n * width), BOX: c["box_bytes"]}), out=slots[:, 0])
     upper = ceil_bytes(n + (c["numel_top"] >> width) + 1)
-    slots[:, 1] = np.where(ie == _GAP8, c["index_escapes"] * c["numel_itemsize"],
-                           np.where(ie == _ELIAS_FANO, upper, none))
-    residue = c["value_encoding"] == _RESIDUE
+    slots[:, 1] = np.where(ie == GAP8, c["index_escapes"] * c["numel_itemsize"],
+                           np.where(ie == ELIAS_FANO, upper, none))
+    residue = c["value_encoding"] == RESIDUE
     esc, itemsize = c["value_escapes"], c["itemsize"]
     slots[:, 2] = np.where(residue, ceil_bytes((n - esc) * c["value_width"]),
                            n * itemsize)
@@ -189,11 +180,3 @@ def _slots(c: dict[str, np.ndarray]) -> np.ndarray:
 def _by_code(candidates: dict[int, np.ndarray]) -> list[np.ndarray]:
     """``candidates`` of every ``IndexEncoding``, in code order."""
     return [candidates[code] for code in range(len(IndexEncoding))]
-
-
-# the enums' codes as plain ints: reading an enum member is a class attribute look-up
-# that costs more than the numpy comparison over a few hundred entries it feeds
-_DENSE, _INT32, _INT64, _BITMAP, _GAP8, _ELIAS_FANO, _BOX = (
-    int(IndexEncoding[name]) for name in
-    ("DENSE", "INT32", "INT64", "BITMAP", "GAP8", "ELIAS_FANO", "BOX"))
-_RAW, _RESIDUE = int(ValueEncoding.RAW), int(ValueEncoding.RESIDUE)

@@ -265,9 +265,10 @@ class PinnedStage:
     def copy(self, arrays: list[np.ndarray], starts: list[int], words: int) -> torch.Tensor:
         """``arrays`` at word offsets ``starts`` of a ``words``-word tensor on the device
         (one copy; the words between them unspecified)."""
-        if words > len(self._array):
-            host = _gathered(np.empty(words, dtype=np.int64), arrays, starts)
-            return torch.from_numpy(host).pin_memory().to(self.device, non_blocking=True)
+        if words > len(self._array):  # gathered straight into memory pinned for it
+            host = torch.empty(words, dtype=_INT64, pin_memory=True)
+            _gathered(host.numpy(), arrays, starts)
+            return host.to(self.device, non_blocking=True)
         reads = self._reads
         if self._at + words > len(self._array):
             while reads and reads[0][1] < self._lap:  # the tail of the lap before: a lap old

@@ -27,7 +27,8 @@ import torch
 
 from .bits import BYTE_BITS
 from .dispatch import fused
-from .encodings import INDEX32_LIMIT, IndexEncoding, ValueEncoding, index_itemsizes
+from .encodings import BITMAP as _BITMAP, ELIAS_FANO as _ELIAS_FANO, RESIDUE as _RESIDUE
+from .encodings import INDEX32_LIMIT, IndexEncoding, index_itemsizes
 from .fields import Segments, host_table, read_fields
 from .header import Header
 from .indices import GAP_ESCAPE, MAX_GAP_BYTE
@@ -92,10 +93,6 @@ _STRIDES = np.zeros(len(IndexEncoding), dtype=np.int64)
 """Per index encoding, the bits between an entry's consecutive first-section fields
 (0 where it has none at a fixed stride; Elias-Fano's is its low-bit width)."""
 _STRIDES[[IndexEncoding.INT32, IndexEncoding.INT64, IndexEncoding.GAP8]] = 32, 64, BYTE_BITS
-# the codes as plain ints: an enum member's look-up costs more than the comparison over a
-# few hundred entries it feeds
-_ELIAS_FANO, _BITMAP = int(IndexEncoding.ELIAS_FANO), int(IndexEncoding.BITMAP)
-_RESIDUE = int(ValueEncoding.RESIDUE)
 
 
 @attrs.frozen

@@ -13,9 +13,9 @@ payload whatever the number of tensors:
    count and numel, with a few numpy ops over all tensors (``encoding_choice``: the
    encodings; ``encode_plan``: dense fallback, entries and body layout); what follows
    from the counts alone (every candidate size but those the statistics decide) is
-   computed while the device counts (``encode_plan.prepare``), and the fused kernels
-   rank escapes per block from the encodings alone while the host lays the body out
-   (``FusedFlat.count_escapes``). What
+   computed while the device counts (``encode_plan.prepare``), and the device ranks
+   escapes from the encodings alone while the host lays the body out (``count_escapes``,
+   whose ``Escapes`` the write takes). What
    depends only on the tensor set (names, dtypes, shapes, addresses, each entry's packed
    bytes, the kernels' per-tensor columns) is kept across syncs (``tensor_set``), so the
    Python per tensor left in a sync is reading its change set.
@@ -38,6 +38,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
+import attrs
 import numpy as np
 import torch
 
@@ -46,7 +47,7 @@ from .body_digest import body_digest
 from .change_table import ChangeTable, Members, bounds_fit, change_counts, parts
 from .dispatch import fused
 from .encode_plan import Choice, Layout, prepare
-from .encodings import RESIDUE_DTYPES, IndexEncoding, Kind, ValueEncoding
+from .encodings import BITMAP, ELIAS_FANO, GAP8, RESIDUE, RESIDUE_DTYPES, Kind
 from .errors import EncodeError
 from .fields import Body, Segments, host_table
 from .header import pack_head
@@ -86,7 +87,8 @@ def encode_delta_flat(tensors: Mapping[str, torch.Tensor], changes: Mapping[str,
         return None
     device = devices.pop()
     weights = list(tensors.values())
-    flat = _flat(known, rows, counts, changes, members, [weights[r] for r in picked], device)
+    flat = _flat(known, rows, counts, changes, members, loose, [weights[r] for r in picked],
+                 device)
     if flat is None:
         return None
     bits = known.bits[rows][known.table.residue[rows]]
@@ -106,9 +108,9 @@ def encode_delta_flat(tensors: Mapping[str, torch.Tensor], changes: Mapping[str,
     if bad_header is not None:
         raise bad_header
     choice = counted.choose(gap_escapes=stats[:, 0], hist=stats[:, 2:])
-    flat.count_escapes(choice)  # the device counts while the host lays out
+    escapes = flat.count_escapes(choice)  # the device counts while the host lays out
     chosen = counted.plan(choice, device=device)
-    body = flat.write(chosen.layout)
+    body = flat.write(chosen.layout, escapes)
     for s in np.flatnonzero(chosen.layout.dense_offsets >= 0).tolist():
         offset = int(chosen.layout.dense_offsets[s])
         data = weights[picked[s]].detach().contiguous().reshape(-1).view(torch.uint8)
@@ -121,13 +123,14 @@ def encode_delta_flat(tensors: Mapping[str, torch.Tensor], changes: Mapping[str,
 
 
 def _flat(known: TensorSet, rows: np.ndarray, counts: np.ndarray,
-          changes: Mapping[str, ChangeSet], members: Members, weights: list[torch.Tensor],
-          device: torch.device) -> TorchFlat | FusedFlat | None:
+          changes: Mapping[str, ChangeSet], members: Members, loose: Mapping[str, ChangeSet],
+          weights: list[torch.Tensor], device: torch.device) -> TorchFlat | FusedFlat | None:
     """The fused kernels where they run (``dispatch.fused``), else the torch ops; None
-    when a change set does not fit its tensor."""
+    when a change set does not fit its tensor. ``members`` and ``loose``: ``changes`` as
+    runs and as change sets outside them (``change_table.parts``)."""
     if fused(device):
         from .encode_kernel import FusedFlat
-        found = ChangeTable.of(known, members, parts(changes)[1], counts, device)
+        found = ChangeTable.of(known, members, loose, counts, device)
         return None if found is None else FusedFlat(known, rows, counts[rows], found, weights,
                                                     device)
     picked = rows.tolist()
@@ -135,6 +138,21 @@ def _flat(known: TensorSet, rows: np.ndarray, counts: np.ndarray,
     if not bounds_fit([known.table.dtypes[r] for r in picked], counts[rows].tolist(), todo):
         return None
     return TorchFlat.gather(weights, todo, device)
+
+
+@attrs.frozen(eq=False)
+class Escapes:
+    """The escapes' ranks that a flat encoder's ``count_escapes`` counted, in that
+    encoder's form, for its ``write``: the order of the two steps travels as this value,
+    not as state left on the encoder."""
+
+    encoder: TorchFlat | FusedFlat
+    ranks: tuple[torch.Tensor, torch.Tensor]
+
+    def ranks_for(self, encoder: TorchFlat | FusedFlat) -> tuple[torch.Tensor, torch.Tensor]:
+        """``ranks``, which only the encoder that counted them can read."""
+        assert encoder is self.encoder, "escapes counted by another encoder"
+        return self.ranks
 
 
 class TorchFlat:
@@ -182,21 +200,29 @@ class TorchFlat:
         return torch.cat([segs.sums(self.wide)[:, None], segs.sums(self.bad)[:, None],
                           segs.histogram(self.need, bins)], 1)
 
-    def count_escapes(self, choice: Choice) -> None:
-        """Nothing ahead of ``write``, which ranks escapes with a prefix sum per element
-        (``FusedFlat.count_escapes`` counts them per block ahead)."""
+    def count_escapes(self, choice: Choice) -> Escapes:
+        """Per element, the GAP8 gaps and the residues escaped before it in its tensor,
+        under the encodings ``choice`` (before the dense fallback: a dense entry's ranks
+        are never read)."""
+        enc, venc, vwidth = (self.segs.spread(column) for column in
+                             host_table(choice.columns(), self.idx.device))
+        gaps = self.segs.exclusive_ranks((enc == GAP8) & self.wide)
+        values = self.segs.exclusive_ranks((venc == RESIDUE) & (self.need > vwidth))
+        return Escapes(self, (gaps, values))
 
-    def write(self, layout: Layout) -> torch.Tensor:
-        """The body laid out by ``layout`` as uint8 on the device, dense entries left zero."""
+    def write(self, layout: Layout, escapes: Escapes) -> torch.Tensor:
+        """The body laid out by ``layout`` as uint8 on the device, dense entries left zero;
+        ``escapes``: this encoder's ``count_escapes`` of the encodings ``layout`` lays out."""
+        gaps, values = escapes.ranks_for(self)
         body = Body(layout.size, self.segs.total, self.idx.device)
-        home = self._write_indices(body, layout)
-        self._write_values(body, layout, home)
+        home = self._write_indices(body, layout, gaps)
+        self._write_values(body, layout, home, values)
         return body.bytes()
 
-    def _write_indices(self, body: Body, layout: Layout) -> torch.Tensor:
+    def _write_indices(self, body: Body, layout: Layout, before: torch.Tensor) -> torch.Tensor:
         col, rank, idx = layout.column(self.segs), self.segs.rank, self.idx
         enc = col("index_encoding")
-        is_gap, is_bitmap = enc == IndexEncoding.GAP8, enc == IndexEncoding.BITMAP
+        is_gap, is_bitmap = enc == GAP8, enc == BITMAP
         # First section: raw index, gap byte, low bits or bitmap bit; dense entries get a
         # zero-width field inside their own section, so no word gathers empty adds.
         home = col("first") + rank * col("stride") + torch.where(is_bitmap, idx, 0)
@@ -205,21 +231,20 @@ class TorchFlat:
                      col("width"))
         # Second section: escaped gaps, or the Elias-Fano upper bits.
         escaped = is_gap & self.wide
-        before = self.segs.exclusive_ranks(escaped)
         second, itemsize = col("second"), col("escape_bits")
         pos = torch.where(is_gap, second + before * itemsize,
                           second + (idx >> col("low_width")) + rank)
-        width = torch.where(escaped, itemsize, (enc == IndexEncoding.ELIAS_FANO).to(_INT64))
+        width = torch.where(escaped, itemsize, (enc == ELIAS_FANO).to(_INT64))
         body.write(torch.where(width > 0, pos, home),
                      torch.where(is_gap, self.gap, 1), width)
         return home
 
-    def _write_values(self, body: Body, layout: Layout, home: torch.Tensor) -> None:
+    def _write_values(self, body: Body, layout: Layout, home: torch.Tensor,
+                      before: torch.Tensor) -> None:
         col, rank = layout.column(self.segs), self.segs.rank
         enc, width = col("value_encoding"), col("value_width")
-        residue = enc == ValueEncoding.RESIDUE
+        residue = enc == RESIDUE
         escaped = residue & (self.need > width)
-        before = self.segs.exclusive_ranks(escaped)
         fields, positions, raw = col("fields"), col("positions"), col("raw")
         item_bits = torch.where(enc >= 0, self.bits, 0)
         pos = torch.where(residue, torch.where(escaped, positions + before * col("position_bits"),

@@ -107,8 +107,8 @@ def assemble(parts: Iterable[Part], *, stream_id: str, kind: Kind, base_version:
                             base_version=base_version, version=version)
     sections = [s for part in parts for s in part.sections]
     if kind == Kind.FULL:
-        return seal(header, *_padded(sections))
-    return seal(header, torch.cat(_padded(sections)) if sections else _EMPTY)
+        return seal(header, *padded(sections))
+    return seal(header, torch.cat(padded(sections)) if sections else _EMPTY)
 
 
 def checked_header(entries: Sequence[Entry], *, stream_id: str, kind: Kind, base_version: int,
@@ -149,7 +149,7 @@ def seal_packed(head: bytes, segments: tuple[torch.Tensor, ...], digest: int, *,
     return frame
 
 
-def _padded(sections: list[torch.Tensor]) -> list[torch.Tensor]:
+def padded(sections: list[torch.Tensor]) -> list[torch.Tensor]:
     """Every section as flat bytes on one device, each followed by the zero padding that
     aligns the next (a slice of one small zero tensor, not an allocation per section)."""
     devices = {s.device for s in sections}

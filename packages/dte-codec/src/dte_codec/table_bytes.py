@@ -12,7 +12,8 @@ import struct
 
 from typing import TYPE_CHECKING
 
-from .encodings import DTYPE_CODES, DTYPES, MAX_NDIM, SIZE_LIMIT, IndexEncoding, ValueEncoding
+from .encodings import (DTYPE_CODES, DTYPES, INDEX_ENCODINGS, MAX_NDIM, SIZE_LIMIT,
+                        VALUE_ENCODINGS)
 from .entry import Entry
 
 if TYPE_CHECKING:
@@ -107,10 +108,6 @@ def _keep_skeleton(entries: tuple[Entry, ...], table: bytes) -> tuple[Entry, ...
     return entries if columns is None else Entries(skeleton, columns, made=entries)
 
 
-_INDEX_ENCODINGS = {m.value: m for m in IndexEncoding}
-_VALUE_ENCODINGS = {m.value: m for m in ValueEncoding}
-
-
 @functools.cache
 def _dims(ndim: int) -> struct.Struct:
     return struct.Struct(f"<{ndim}Q")
@@ -132,8 +129,8 @@ def _read_table(table: bytes, count: int) -> tuple[Entry, ...] | None:
             pos = fields_at + _ENTRY_FIELDS.size
             shape = _dims(ndim).unpack_from(table, pos)
             pos += _DIM.size * ndim
-            index_encoding = _INDEX_ENCODINGS.get(index_enc)
-            value_encoding = _VALUE_ENCODINGS.get(value_enc)
+            index_encoding = INDEX_ENCODINGS.get(index_enc)
+            value_encoding = VALUE_ENCODINGS.get(value_enc)
             if index_encoding is None or value_encoding is None or (
                     shape and max(shape) >= SIZE_LIMIT):
                 return None
