@@ -65,20 +65,9 @@ class _Maps:
     per_tensor: list[torch.Tensor | None]
     """Per tensor of the layout's calls, its map (None: the torch reference's tensors)."""
     by_name: dict[str, torch.Tensor]
-    allocations: list[torch.Tensor]
-    """The tensors the maps are views of: ``clear`` zeroes them whole (whatever else they
-    hold is a map that ``clear`` drops)."""
-
-    @classmethod
-    def of(cls, kept: layout.Layout, per_tensor: list[torch.Tensor | None],
-           names: list[str]) -> _Maps:
-        allocations = {}
-        for found in per_tensor:
-            if found is not None:
-                whole = found if found._base is None else found._base
-                allocations[id(whole)] = whole
-        return cls(kept, per_tensor, {n: m for n, m in zip(names, per_tensor) if m is not None},
-                   list(allocations.values()))
+    zeroed: list[torch.Tensor]
+    """What ``clear`` zeroes: the allocations made for the layout, and the maps it took
+    over from the interval it began in."""
 
 
 class CastDetector:
@@ -133,7 +122,7 @@ class CastDetector:
         for fused in kept.fused:
             members = list(zip(fused.pick(masters), fused.pick(models), fused.pick(maps)))
             if not fused.contiguous:
-                members = [(master.contiguous(), model, dirty)
+                members = [(master.detach().contiguous(), model, dirty)
                            for master, model, dirty in members]
             found = record(members, list(map(layout.DTYPE, fused.pick(models))), fused,
                            copy=copy)
@@ -149,30 +138,35 @@ class CastDetector:
         interval's maps of its tensors and new zeroed ones for the others."""
         maps = self._maps
         if maps is None or maps.kept is not kept:
+            zeroed = []
             for fused in kept.fused:
-                self._new_dirty_maps({name: model for name, model in
-                                      zip(fused.pick(names), fused.pick(models))
-                                      if name not in self._dirty})
-            fused = {names[at] for f in kept.fused for at in f.positions}
-            maps = self._maps = _Maps.of(kept, [self._dirty[n] if n in fused else None
-                                                for n in names], names)
+                picked = fused.pick(names)
+                zeroed += [self._dirty[name] for name in picked if name in self._dirty]
+                zeroed += self._new_dirty_maps({name: model for name, model in
+                                                zip(picked, fused.pick(models))
+                                                if name not in self._dirty})
+            by_name = {names[at]: self._dirty[names[at]]
+                       for fused in kept.fused for at in fused.positions}
+            maps = self._maps = _Maps(kept, list(map(by_name.get, names)), by_name, zeroed)
         else:  # after a clear: the same maps, zeroed
             self._dirty.update(maps.by_name)
         return maps.per_tensor
 
-    def _new_dirty_maps(self, models: Mapping[str, torch.Tensor]) -> None:
+    def _new_dirty_maps(self, models: Mapping[str, torch.Tensor]) -> list[torch.Tensor]:
         """Zeroed dirty maps for ``models`` (of one device), views of one allocation, each
-        starting on a 16-byte boundary (the kernels load aligned groups as vectors)."""
+        starting on a 16-byte boundary (the kernels load aligned groups as vectors); the
+        allocation, if any."""
         sizes = {name: -(-model.numel() // 8) for name, model in models.items()}
         padded = {name: -(-size // _MAP_ALIGN) * _MAP_ALIGN for name, size in sizes.items()}
         if not sizes:
-            return
+            return []
         device = next(iter(models.values())).device
         flat = torch.zeros(sum(padded.values()), dtype=torch.uint8, device=device)
         start = 0
         for name, size in sizes.items():
             self._dirty[name] = flat[start:start + size]
             start += padded[name]
+        return [flat]
 
     def _record(self, name: str, master: torch.Tensor, model: torch.Tensor) -> None:
         flat = model.detach().reshape(-1)
@@ -224,4 +218,4 @@ class CastDetector:
         self._runs.clear()
         self._fused_passes = 0
         if self._maps is not None:
-            torch._foreach_zero_(self._maps.allocations)
+            torch._foreach_zero_(self._maps.zeroed)
