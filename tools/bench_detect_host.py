@@ -1,13 +1,16 @@
-"""Host time of a fused detection's sync, with its kernels replaced, in two rows per
-detector (``--detectors``):
+"""Host time of a fused detection's sync, with its kernels replaced, for each detector of
+``--detectors``:
 
-- inversion: ``AdamWSteps.changes_all``;
-- cast: ``CastDetector.clear`` then ``record_and_copy_all`` over pairs built as a Megatron
-  hook builds them (new flat views of the masters each sync).
+- inversion: ``AdamWSteps.changes_all``,
+- cast: ``CastDetector.clear`` then ``record_and_copy_all``, over pairs built as a
+  Megatron hook builds them (new flat views of the masters each sync),
 
-- front: what the GPU waits for before the first detection launch (``_mark``, ``_record``:
-  the checks, the per-tensor bookkeeping, kernel configurations, the plan and the first
-  group's scratch): the call as it runs, stopped by the kernel's stand-in at that launch.
+each in two rows:
+
+- front: what the GPU waits for before the first detection launch (``_mark``,
+  ``_record``): the checks, the per-tensor bookkeeping, kernel configurations, the plan
+  and the first group's scratch; the call as it runs, stopped by the kernel's stand-in
+  at that launch.
 - whole: the whole call (launch, pipelined sizing, each group's finish and the change
   sets handed back), with the Triton launches replaced by stand-ins (the detection
   kernel writes a fixed count per tile, ``_gather`` does nothing), over ``--groups``
