@@ -13,9 +13,10 @@ PROMPTS = ["Natalia sold clips to 48 of her friends in April. How many clips? "]
 def test_one_flipped_element_breaks_identity(tmp_path):
     """Both copies hold the same bits: identical. One bf16 element of the delta-synced
     copy one pattern off: the diagnostics report a difference."""
-    profile = load_profile(None, ["actor.weight_update_delta_diagnostics.deterministic_rollout=true",
-                                  "gconfig.max_new_tokens=4", "embedded.model.hidden_size=32",
-                                  "embedded.model.intermediate_size=48"])
+    profile = load_profile(None, [
+        "actor.weight_update_delta_diagnostics.deterministic_rollout=true",
+        "gconfig.max_new_tokens=4", "embedded.model.hidden_size=32",
+        "embedded.model.intermediate_size=48"])
     spec = job_spec(profile, store=tmp_path / "store", reference_store=tmp_path / "reference",
                     model=None)
     worker = RolloutWorker(spec)

@@ -61,6 +61,16 @@ def test_bench_encode_host_runs():
         assert re.fullmatch(pattern, row), row
 
 
+def test_bench_detect_host_runs():
+    """The detectors' host-time benchmark prints a front and a whole row per detector."""
+    rows = run_tool("tools/bench_detect_host.py", "--reps", "2")
+    assert [f"{detector} host {row}" for detector in ("inversion", "cast")
+            for row in ("front", "whole")] == [row.split("|")[1].strip() for row in rows]
+    for row in rows:
+        assert re.fullmatch(r"\| [a-z ]+ \| 290 tensors, 16 groups \| median [\d.]+ ms "
+                            r"\| p90 [\d.]+ ms \|", row), row
+
+
 @pytest.mark.parametrize("gpus", ["1", "2"])
 def test_bench_sync_smoke_is_bitwise(tmp_path, gpus):
     """The sync benchmark on a tiny model on the CPU (two ranks over gloo for ``--gpus

@@ -1,13 +1,20 @@
-"""Host time of the fused inversion's sync: ``AdamWSteps.changes_all`` with its kernels
-replaced, in two rows.
+"""Host time of a fused detection's sync, with its kernels replaced, for each detector of
+``--detectors``:
 
-- front: what the GPU waits for before its first ``_mark`` launch (the checks, the
-  per-tensor bookkeeping, kernel configurations, the plan and the first group's scratch):
-  the call as it runs, stopped by ``_mark``'s stand-in at that launch.
-- whole: the whole call, ``invert_batch`` included (launch, pipelined sizing, each
-  group's finish and the change sets handed back), with the Triton launches replaced by
-  stand-ins (``_mark`` writes a fixed count per tile, ``_gather`` does nothing), over
-  ``--groups`` groups as a full-size model has (``batch.GROUP_ELEMENTS`` lowered).
+- inversion: ``AdamWSteps.changes_all``,
+- cast: ``CastDetector.clear`` then ``record_and_copy_all``, over pairs built as a
+  Megatron hook builds them (new flat views of the masters each sync),
+
+each in two rows:
+
+- front: what the GPU waits for before the first detection launch (``_mark``,
+  ``_record``): the checks, the per-tensor bookkeeping, kernel configurations, the plan
+  and the first group's scratch; the call as it runs, stopped by the kernel's stand-in
+  at that launch.
+- whole: the whole call (launch, pipelined sizing, each group's finish and the change
+  sets handed back), with the Triton launches replaced by stand-ins (the detection
+  kernel writes a fixed count per tile, ``_gather`` does nothing), over ``--groups``
+  groups as a full-size model has (``batch.GROUP_ELEMENTS`` lowered).
 
 Runs on the CPU: the tensors are CPU tensors of the Qwen3-4B count (290 by default; the
 sizes do not matter, only the count) and ``dispatch.kernels_for`` is made to answer yes,
@@ -26,7 +33,7 @@ import time
 
 import torch
 
-from dte_detector import batch, dispatch, inversion_kernel, staging
+from dte_detector import CastDetector, batch, cast_kernel, dispatch, inversion_kernel, staging
 from dte_detector.inversion import AdamWStep
 from dte_detector.steps import AdamWSteps
 from dte_detector.torch_adamw import AdamWState
@@ -46,14 +53,15 @@ class _Stop:
 
 
 class _Counts:
-    """Stands for ``_mark``: each tile's count of changed elements is ``count``."""
+    """Stands for ``_mark`` and ``_record``: each tile's count of changed elements is
+    ``count``."""
 
     def __init__(self, count: int):
         self.count = count
 
     def __getitem__(self, grid):
         def launch(*args, **kwargs):
-            args[7].fill_(self.count)  # the tile counts, after (p, m, v) and the group tables
+            args[7].fill_(self.count)  # the tile counts, after three tensors and the tables
         return launch
 
 
@@ -67,15 +75,39 @@ def main() -> None:
     parser.add_argument("--tensors", type=int, default=290)
     parser.add_argument("--groups", type=int, default=16)
     parser.add_argument("--reps", type=int, default=50)
+    parser.add_argument("--detectors", nargs="+", choices=("inversion", "cast"),
+                        default=["inversion", "cast"])
     args = parser.parse_args()
     torch.set_num_threads(1)
     dispatch.kernels_for = lambda *tensors, payload: True
     staging._gather = _NoLaunch()
-    steps = AdamWSteps(lambda param: [])
     params = [torch.zeros(64 if i % 3 else 8) for i in range(args.tensors)]
-    moments = [(torch.zeros_like(p), torch.zeros_like(p)) for p in params]
     models = {f"w{i}": torch.zeros(p.shape, dtype=torch.bfloat16) for i, p in enumerate(params)}
     batch.GROUP_ELEMENTS = sum(p.numel() for p in params) // args.groups
+    syncs = {"inversion": _inversion(params, models), "cast": _cast(params, models)}
+    for detector in args.detectors:
+        prepare, call, module, kernel = syncs[detector]
+        for label, stand_in in (("front", _Stop()), ("whole", _Counts(2))):
+            setattr(module, kernel, stand_in)
+            samples = []
+            for rep in range(args.reps + 3):
+                prepare(rep + 1)
+                start = time.perf_counter()
+                try:
+                    call()
+                except _Launched:
+                    pass
+                samples.append((time.perf_counter() - start) * 1e3)
+            samples = sorted(samples[3:])
+            print(f"| {detector} host {label} | {args.tensors} tensors, {args.groups} groups | "
+                  f"median {statistics.median(samples):.3f} ms | "
+                  f"p90 {samples[int(0.9 * (len(samples) - 1))]:.3f} ms |")
+
+
+def _inversion(params, models):
+    """``AdamWSteps.changes_all`` after each step, and what it needs before."""
+    steps = AdamWSteps(lambda param: [])
+    moments = [(torch.zeros_like(p), torch.zeros_like(p)) for p in params]
 
     def stepped(step: int) -> None:
         """The state after optimizer step ``step``, as ``AdamWSteps.record`` keeps it: new
@@ -86,21 +118,24 @@ def main() -> None:
             steps._stepped[f"w{i}"] = AdamWState(param, m, v, hyper)
             steps._synced[f"w{i}"] = step - 1
 
-    for label, mark in (("front", _Stop()), ("whole", _Counts(2))):
-        inversion_kernel._mark = mark
-        samples = []
-        for rep in range(args.reps + 3):
-            stepped(rep + 1)
-            start = time.perf_counter()
-            try:
-                steps.changes_all(models)
-            except _Launched:
-                pass
-            samples.append((time.perf_counter() - start) * 1e3)
-        samples = sorted(samples[3:])
-        print(f"| changes_all host {label} | {args.tensors} tensors, {args.groups} groups | "
-              f"median {statistics.median(samples):.3f} ms | "
-              f"p90 {samples[int(0.9 * (len(samples) - 1))]:.3f} ms |")
+    return stepped, lambda: steps.changes_all(models), inversion_kernel, "_mark"
+
+
+def _cast(params, models):
+    """``CastDetector.clear`` and ``record_and_copy_all`` each sync, over pairs built anew."""
+    detector = CastDetector()
+    pairs = {}
+
+    def built(step: int) -> None:
+        pairs.clear()
+        pairs.update({name: (param.detach().view(-1), model)
+                      for param, (name, model) in zip(params, models.items())})
+
+    def sync() -> None:
+        detector.clear()
+        detector.record_and_copy_all(pairs)
+
+    return built, sync, cast_kernel, "_record"
 
 
 if __name__ == "__main__":

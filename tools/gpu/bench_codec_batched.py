@@ -246,20 +246,7 @@ def main() -> None:
         all(torch.equal(w, g) for w, g in zip(expected.indices, out.indices))
         for out in decoded)
     payload = decoded[1]
-    residue = [(e, w, v) for e, w, v in zip(payload.header.entries, payload.indices,
-                                            payload.values)
-               if e.value_encoding == ValueEncoding.RESIDUE]
-    base_values = [bases[e.name].view(-1)[w] for e, w, _ in residue]
-    want = measure("values_reference", lambda: [decode_values(e, v, b) for (e, _, v), b
-                                                in zip(residue, base_values)], a, device,
-                   results)
-    got = both("values", lambda: resolve_residues([e for e, _, _ in residue],
-                                                  [v for _, _, v in residue], base_values),
-               a, device, results)
-    results["values_identical"] = all(
-        all(torch.equal(x.view(torch.int16), y.view(torch.int16)) for x, y in zip(want, out[0]))
-        for out in got)
-    del want, got, base_values
+    _values(payload, bases, a, device, results)
     receiver = {n: b.clone() for n, b in bases.items()}
 
     def apply_once() -> None:
@@ -280,6 +267,26 @@ def main() -> None:
                    date=datetime.date.today().isoformat())
     print(json.dumps(results))
     _rows(results)
+
+
+def _values(payload, bases: dict, a: argparse.Namespace, device: torch.device,
+            results: dict) -> None:
+    """The residue values of ``payload`` resolved against ``bases``: per entry (the
+    reference) and batched, and whether they are identical (what they hold is freed on
+    return)."""
+    residue = [(e, w, v) for e, w, v in zip(payload.header.entries, payload.indices,
+                                            payload.values)
+               if e.value_encoding == ValueEncoding.RESIDUE]
+    base_values = [bases[e.name].view(-1)[w] for e, w, _ in residue]
+    want = measure("values_reference", lambda: [decode_values(e, v, b) for (e, _, v), b
+                                                in zip(residue, base_values)], a, device,
+                   results)
+    got = both("values", lambda: resolve_residues([e for e, _, _ in residue],
+                                                  [v for _, _, v in residue], base_values),
+               a, device, results)
+    results["values_identical"] = all(
+        all(torch.equal(x.view(torch.int16), y.view(torch.int16)) for x, y in zip(want, out[0]))
+        for out in got)
 
 
 def _encode_only(weights: dict, changes: dict, args: dict, a: argparse.Namespace,

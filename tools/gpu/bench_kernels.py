@@ -11,11 +11,14 @@ synchronisations included:
 * copy: a bf16 device-to-device copy of ``numel`` elements, and an fp32 one of the same
   bytes; the faster one is the bandwidth the kernels are measured against;
 * inversion: ``invert_adamw`` tensor by tensor (``per tensor``: one host
-  synchronisation each) and ``invert_adamw_all`` over all of them (``batched``), and the
-  torch reference; minimal bytes 14 per element (fp32 master and moments, bf16 weight);
+  synchronisation each) and all of them at once as a sync runs them (``batched``: the
+  ``inverter.Inverter`` of ``AdamWSteps.changes_all``, its layout and plan kept across
+  calls), and the torch reference; minimal bytes 14 per element (fp32 master and
+  moments, bf16 weight);
 * cast: ``CastDetector.record_and_copy`` tensor by tensor and ``record_and_copy_all``
   (the model reset to the old weights and the detector cleared before each repetition,
-  untimed), and the torch reference (``record`` + ``copy_``); minimal bytes 6 per element.
+  untimed, as a sync clears it), and the torch reference (``record`` + ``copy_``);
+  minimal bytes 6 per element.
 
 ``--modes`` picks the modes (default both). The batched calls are also profiled (each of
 ``--reps`` calls alone, after its untimed reset): ``kernel ms`` is the median of their
@@ -49,9 +52,9 @@ import sys
 import torch
 from provenance import git_sha, machine
 
-from dte_detector import (CastDetector, ChangeSet, Inversion, diff, invert_adamw,
-                          invert_adamw_all, torch_adamw_states)
+from dte_detector import CastDetector, ChangeSet, diff, invert_adamw, torch_adamw_states
 from dte_detector.dispatch import reference
+from dte_detector.inverter import Inverter
 from dte_detector.steps import AdamWSteps
 
 INVERSION_BYTES = 14
@@ -117,14 +120,17 @@ def device_ms(fn, *, reps: int, reset=None) -> float:
 
 def copy_bandwidth(numel: int, args) -> float:
     """Bytes per ms of the faster of a bf16 and an fp32 copy of ``numel`` bf16 elements."""
-    best = 0.0
-    for dtype, count in ((torch.bfloat16, numel), (torch.float32, numel // 2)):
-        src = torch.randn(count, device="cuda").to(dtype)
-        dst = torch.empty_like(src)
-        ms = median_ms(lambda: dst.copy_(src), reps=args.reps, warmup=args.warmup)
-        best = max(best, COPY_BYTES * numel / ms)
-        del src, dst
-    return best
+    return max(_copy_rate(numel, dtype, count, args)
+               for dtype, count in ((torch.bfloat16, numel), (torch.float32, numel // 2)))
+
+
+def _copy_rate(numel: int, dtype: torch.dtype, count: int, args) -> float:
+    """Bytes per ms of ``count`` elements of ``dtype`` (``numel`` bf16 elements' bytes)
+    copied device to device (the buffers are freed on return)."""
+    src = torch.randn(count, device="cuda").to(dtype)
+    dst = torch.empty_like(src)
+    return COPY_BYTES * numel / median_ms(lambda: dst.copy_(src), reps=args.reps,
+                                          warmup=args.warmup)
 
 
 def split(numel: int, args) -> list[tuple[int, bool]]:
@@ -168,11 +174,24 @@ def invert_each(states) -> list[ChangeSet]:
             for i, s in enumerate(states)]
 
 
-def invert_batched(states) -> list[ChangeSet]:
-    return invert_adamw_all([Inversion(name=str(i), master=s.param, exp_avg=s.exp_avg,
-                                       exp_avg_sq=s.exp_avg_sq, hyper=s.hyper,
-                                       previous_step=s.hyper.step - 1, dtype=torch.bfloat16)
-                             for i, s in enumerate(states)])
+class InvertBatched:
+    """The inversion of every tensor as a sync runs it: the ``inverter.Inverter`` that
+    ``AdamWSteps.changes_all`` calls, kept across calls (its layout and plan, replanned
+    when the kernels' tile size changes, as ``tune_kernels.py`` does per candidate)."""
+
+    def __init__(self, states) -> None:
+        self.inverter = Inverter()
+        self.columns = ([str(i) for i in range(len(states))],
+                        [(s.param, s.exp_avg, s.exp_avg_sq) for s in states],
+                        [s.hyper for s in states], [s.hyper.step - 1 for s in states],
+                        [torch.bfloat16] * len(states))
+
+    def __call__(self) -> list[ChangeSet]:
+        found, runs = self.inverter.runs(*self.columns)
+        for run in runs:
+            for k, at in enumerate(run.names):
+                found[at] = run.change_set(k)
+        return found
 
 
 def missed(truth: list[ChangeSet], found: list[ChangeSet]) -> int:
@@ -226,16 +245,17 @@ def measure(label: str, tensors: list[tuple[int, bool]], args) -> dict:
         ref = invert_each(states)
         row["inversion_ref_ms"] = median_ms(lambda: invert_each(states),
                                             reps=args.reference_reps, warmup=1)
-    for mode, run in zip(MODES, (invert_each, invert_batched)):
+    batched = InvertBatched(states)
+    for mode, run in zip(MODES, (lambda: invert_each(states), batched)):
         if mode not in args.modes:
             continue
-        found = run(states)
+        found = run()
         row[f"inversion {mode}"] = {
-            "ms": median_ms(lambda: run(states), reps=args.reps, warmup=args.warmup),
+            "ms": median_ms(run, reps=args.reps, warmup=args.warmup),
             "missed": missed(truth, found), "same": same(found, ref),
             "reported": sum(len(f) for f in found)}
         if mode == "batched":
-            row[f"inversion {mode}"]["kernel_ms"] = device_ms(lambda: run(states), reps=args.reps)
+            row[f"inversion {mode}"]["kernel_ms"] = device_ms(run, reps=args.reps)
         del found
     del ref
     reference_run = CastRun(states, old, batched=False)
@@ -256,7 +276,7 @@ def measure(label: str, tensors: list[tuple[int, bool]], args) -> dict:
         if mode == "batched":
             row[f"cast {mode}"]["kernel_ms"] = device_ms(cast, reps=args.reps, reset=cast.reset)
         if args.profile and mode == "batched":
-            row["profile"] = profile(states, cast)
+            row["profile"] = profile(batched, cast)
         del cast, found
     return row
 
@@ -282,10 +302,10 @@ def commit_ms(count: int, args) -> dict:
             for name, fn in timed.items()}
 
 
-def profile(states, cast: CastRun) -> str:
+def profile(batched: InvertBatched, cast: CastRun) -> str:
     cast.reset()
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        invert_batched(states)
+        batched()
         cast()
         torch.cuda.synchronize()
     return prof.key_averages().table(sort_by="cuda_time_total", row_limit=12)

@@ -2,7 +2,9 @@
 
 For each candidate ``ROWSxWARPSxWAVES`` (rows of 8 elements per tile, warps per program,
 programs per multiprocessor) this sets the constants of ``inversion_kernel`` and
-``cast_kernel``, then times ``invert_adamw_all`` and ``CastDetector.record_and_copy_all``
+``cast_kernel``, then times the inversion as a sync runs it (``bench_kernels.InvertBatched``:
+one kept ``inverter.Inverter``, whose plan follows the tile size) and
+``CastDetector.record_and_copy_all``
 over the trajectory of ``tools/gpu/bench_kernels.py`` (``--numel`` elements in tensors of
 ``--tensor-numel``), wall time (CUDA events) and summed device time (torch.profiler,
 ``bench_kernels.device_ms``), each as a fraction of the copy bandwidth measured in the
@@ -22,8 +24,8 @@ import datetime
 import sys
 
 import torch
-from bench_kernels import (CAST_BYTES, INVERSION_BYTES, CastRun, copy_bandwidth, device_ms,
-                           invert_batched, median_ms, same, split, trajectory)
+from bench_kernels import (CAST_BYTES, INVERSION_BYTES, CastRun, InvertBatched, copy_bandwidth,
+                           device_ms, median_ms, same, split, trajectory)
 from provenance import git_sha, machine
 
 from dte_detector import cast_kernel, inversion_kernel
@@ -54,14 +56,14 @@ def main() -> int:
     print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     first = None
     bad = False
+    invert = InvertBatched(states)  # one across candidates: its plan follows ROWS
     for candidate in args.candidates:
         rows, warps, waves = (int(x) for x in candidate.split("x"))
         for module in (inversion_kernel, cast_kernel):
             module.ROWS, module.WARPS, module.WAVES = rows, warps, waves
-        inverted = invert_batched(states)
-        inversion_ms = median_ms(lambda: invert_batched(states), reps=args.reps,
-                                 warmup=args.warmup)
-        inversion_device = device_ms(lambda: invert_batched(states), reps=args.reps)
+        inverted = invert()
+        inversion_ms = median_ms(invert, reps=args.reps, warmup=args.warmup)
+        inversion_device = device_ms(invert, reps=args.reps)
         cast = CastRun(states, old, batched=True)
         cast_ms = median_ms(cast, reps=args.reps, warmup=args.warmup, reset=cast.reset)
         cast_device = device_ms(cast, reps=args.reps, reset=cast.reset)

@@ -1,10 +1,11 @@
-"""batch.plan: which tensors share a kernel launch, and the tables that locate them."""
+"""batch.plan: which tensors share a kernel launch, and the tables that locate them (kept
+by ``layout.Fused``)."""
 
 from __future__ import annotations
 
 import torch
 
-from dte_detector import batch
+from dte_detector import batch, layout
 
 
 def _members(*sizes: int, offset: int = 0) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -50,30 +51,35 @@ def test_keys_alignment_and_the_size_budget_split_groups(monkeypatch):
         (g.members, g.aligned) for g in groups]
 
 
-def test_a_repeated_plan_reuses_its_device_tables_for_other_keys_of_one_pattern():
-    """The same addresses, sizes and key pattern give the same tables (nothing rebuilt or
-    copied), whatever the keys; another pattern gets its own."""
+def test_a_kept_plan_serves_other_keys_of_one_pattern_and_follows_the_tile_size():
+    """``layout.Fused.groups`` keeps its plan while the key pattern and the tile size stay:
+    the same groups (no table built or copied) whatever the keys; another pattern, or
+    another tile size (``tools/gpu/tune_kernels.py`` sets one per candidate), is planned
+    anew, and so is every call for members that are not contiguous (they are copies)."""
     members = _members(1000, 3000, 5)
-    first = batch.plan(members, ["a", "b", "a"], tile_elements=1024)
-    again = batch.plan(members, ["c", "d", "c"], tile_elements=1024)
+    fused = layout.Fused([0, 1, 2], True, True)
+    first = fused.groups(members, ["a", "b", "a"], tile_elements=1024)
     assert [(0, 2), (1,)] == [g.members for g in first]
-    assert [(0, 2), (1,)] == [g.members for g in again]
-    assert all(a.starts is b.starts and a.offsets is b.offsets for a, b in zip(first, again))
-    merged = batch.plan(members, ["c", "c", "c"], tile_elements=1024)
+    assert first is fused.groups(members, ["c", "d", "c"], tile_elements=1024)
+    merged = fused.groups(members, ["c", "c", "c"], tile_elements=1024)
     assert [(0, 1, 2)] == [g.members for g in merged]
     assert [0, 1, 4, 5] == merged[0].starts.tolist()[:4]
     assert [0, 3, 4] == merged[0].lasts.tolist()
     assert 3000 == merged[0].numel
+    smaller = fused.groups(members, ["c", "c", "c"], tile_elements=512)
+    assert [0, 2, 8, 9] == smaller[0].starts.tolist()[:4]
+    assert smaller is fused.groups(members, ["c", "c", "c"], tile_elements=512)
+    copied = layout.Fused([0, 1, 2], True, False)
+    assert copied.groups(members, ["a"] * 3, tile_elements=1024) is not copied.groups(
+        members, ["a"] * 3, tile_elements=1024)
 
 
 def test_a_replaced_or_resized_member_gets_a_new_plan():
-    """A member's tensor replaced by one elsewhere in memory, or resized, changes the
-    plan's signature: the tables are built again, with the new offsets and tiles."""
+    """A member's tensor replaced by one elsewhere in memory, or resized: the tables
+    follow, with the new offsets and tiles."""
     members = _members(1000, 3000, 5)
-    first = batch.plan(members, ["a"] * 3, tile_elements=1024)
     moved = [members[0], tuple(t.clone() for t in members[1]), members[2]]
     replaced = batch.plan(moved, ["a"] * 3, tile_elements=1024)
-    assert first[0].offsets is not replaced[0].offsets
     expected = [(t.data_ptr() - moved[0][k].data_ptr()) // 4
                 for k, t in enumerate(moved[1])]
     assert expected == replaced[0].offsets[:, 1].tolist()

@@ -75,25 +75,28 @@ def _members() -> list[tuple[tuple[torch.Tensor, ...], AdamWStep]]:
                           (8, 5000, True)])
 def test_interpreted_batched_inversion_is_the_reference(monkeypatch, slab_fraction,
                                                         group_elements, wide):
-    """Every member's indices and fp16 bounds equal the reference's bit for bit: one group
-    or many, the default slab, slabs that hold every element, no slab (every tile with a
-    change through the dense pass), and the int64 offsets of members past 2**31
-    elements."""
+    """Every member's indices and fp16 bounds equal the reference's bit for bit, through
+    the sync's path (``Inverter``, every tensor through the kernels): one group or many,
+    the default slab, slabs that hold every element, no slab (every tile with a change
+    through the dense pass), and the int64 offsets of members past 2**31 elements."""
     from triton.runtime.interpreter import InterpretedFunction
 
-    from dte_detector import batch, inversion_kernel
+    from dte_detector import batch, dispatch, inversion_kernel
+    from dte_detector.inverter import Inverter
 
     assert isinstance(inversion_kernel._mark, InterpretedFunction), \
         "the kernel module was imported before TRITON_INTERPRET was set"
     monkeypatch.setattr(inversion_kernel, "SLAB_FRACTION", slab_fraction)
     monkeypatch.setattr(batch, "GROUP_ELEMENTS", group_elements)
+    monkeypatch.setattr(dispatch, "kernels_for", lambda *tensors, payload: True)
     if wide:
         monkeypatch.setattr(inversion_kernel, "narrow", lambda numel, rows: False)
     members = _members()
-    found = inversion_kernel.invert_batch([flat for flat, _ in members],
-                                          [hyper for _, hyper in members],
-                                          [torch.float16] * len(members),
-                                          guard_ulps=GUARD_ULPS)
+    loose, found = Inverter().runs([f"t{k}" for k in range(len(members))],
+                                   [flat for flat, _ in members], [h for _, h in members],
+                                   [h.step - 1 for _, h in members],
+                                   [torch.float16] * len(members))
+    assert [None] * len(members) == loose
     runs = {at: run.change_set(k) for run in found for k, at in enumerate(run.names)}
     changed = 0
     for (flat, hyper), actual in zip(members, [runs[at] for at in range(len(members))]):
@@ -224,3 +227,77 @@ def test_interpreted_cast_is_the_reference(monkeypatch, slab_fraction, copy):
         assert want.indices.tolist() == got.indices.tolist()
         assert bits_of(want.base_low) == bits_of(got.base_low)
         assert bits_of(want.base_high) == bits_of(got.base_high)
+
+
+def _cast_syncs(edits, made: list) -> tuple[list, list[int]]:
+    """Syncs of a ``CastDetector`` over four fp16 models (one of 32 x 32), each after its
+    edit of the masters and models (in place, or replacing a list entry) and a small
+    step of the fp32 masters (``"alone"``: the second model is recorded alone first, then
+    all again). Per sync: the model bits and change sets; and ``len(made)`` by then."""
+    from dte_detector import CastDetector
+
+    gen = torch.Generator().manual_seed(3)
+    masters = [torch.randn(n, generator=gen) * 0.02 for n in (7, 1025, 2048)]
+    masters.append(torch.randn(32, 32, generator=gen) * 0.02)
+    models = [master.to(torch.float16) for master in masters]
+    detector = CastDetector()
+    trace, plans = [], []
+    for edit in edits:
+        if edit == "alone":
+            detector.record_and_copy("1", masters[1].detach(), models[1])
+        elif edit is not None:
+            edit(masters, models)
+        for master in masters:
+            if master.dtype == torch.float32:
+                master.add_(torch.randn(master.shape, generator=gen) * 3e-4)
+        # new tensor objects each sync, as a trainer's hook builds them
+        detector.record_and_copy_all({str(k): (master.detach(), model)
+                                      for k, (master, model) in enumerate(zip(masters, models))})
+        found = [detector.changes(str(k), model) for k, model in enumerate(models)]
+        trace.append(([bits_of(model) for model in models],
+                      [(c.indices.tolist(), bits_of(c.base_low), bits_of(c.base_high))
+                       for c in found]))
+        plans.append(len(made))
+        detector.clear()
+    return trace, plans
+
+
+def test_interpreted_cast_keeps_its_layout_only_while_its_tensors_keep_theirs(monkeypatch):
+    """``CastDetector`` keeps its layout, plan and dirty maps across ``clear`` only while
+    every master and model keeps its address, size, dtype and contiguity: a sync over new
+    views of the same tensors plans nothing again; a model replaced, a pair resized in
+    place, a master transposed in place and back (same address and size), a model
+    recorded alone before a call over all (and the sync after it, whose kept maps ``clear``
+    zeroed, that one's too), and a master re-typed in place each give the torch
+    reference's model bits and change sets, bit for bit."""
+    from dte_detector import batch, dispatch
+
+    monkeypatch.setattr(dispatch, "kernels_for", lambda *tensors, payload: (
+        not dispatch.forced() and payload in dispatch.KERNEL_PAYLOADS))
+
+    def replace(masters, models):
+        models[1] = models[1].clone()
+
+    def resize(masters, models):
+        masters[2].data, models[2].data = masters[2].data[:700], models[2].data[:700]
+
+    def transpose(masters, models):
+        masters[3].data = masters[3].data.t()
+
+    def retype(masters, models):
+        masters[0].data = masters[0].data.view(torch.int32)
+
+    edits = [None, None, replace, resize, transpose, transpose, "alone", None, retype, None]
+    with dispatch.reference():
+        expected, _ = _cast_syncs(edits, [])
+    made = []
+    planned = batch.plan
+    monkeypatch.setattr(batch, "plan", lambda *args, **kwargs: made.append(1) or planned(
+        *args, **kwargs))
+    actual, plans = _cast_syncs(edits, made)
+    for want, got in zip(expected, actual, strict=True):
+        assert want == got
+    # kept over the second sync, the one after the model recorded alone and the last; a
+    # transposed master is copied and planned each call; a model recorded alone and then
+    # with the others: two layouts (the second takes the first's map)
+    assert [1, 1, 2, 3, 4, 5, 7, 7, 8, 8] == plans

@@ -9,9 +9,9 @@ offsets from the group's first tensor of each kind (``staging.locate``).
 
 A plan depends only on the members' addresses and sizes and on which of them share a
 key, which stay the same from one sync to the next (the optimizer state and the model
-copy are not reallocated): plans are kept by that signature, so a repeated call builds
-no tables and copies nothing to the device. A plan holds no tensor of the caller's
-(memory freed and reused at the same addresses with the same sizes gets the same plan).
+copy are not reallocated): the detectors keep it while those stay (``layout.py``), so a
+repeated call builds no tables and copies nothing to the device. A plan holds no tensor
+of the caller's.
 
 Each group costs one host synchronisation, to size its outputs, and the next group's
 pass is queued before the host waits, so the device does not idle while the host reads
@@ -22,7 +22,6 @@ by two groups' worth.
 
 from __future__ import annotations
 
-import functools
 import math
 import threading
 from collections.abc import Callable, Hashable, Sequence
@@ -42,8 +41,6 @@ _PAST = 1 << 62
 _TABLE_ALIGN = VECTOR_BYTES // 8
 """Each table starts on a 16-byte boundary: Triton specialises a kernel on whether its
 pointer arguments are, so a table at another offset would compile the kernel again."""
-_PLANS = 8
-"""Plans kept (a trainer has one or two signatures: the inversion's and the cast's)."""
 
 T = TypeVar("T")
 
@@ -75,13 +72,28 @@ def plan(tensors: Sequence[Sequence[torch.Tensor]], keys: Sequence[Hashable], *,
          tile_elements: int) -> list[Group]:
     """Group flat contiguous tensors of one device (``tensors[i]``: member ``i``'s
     tensors, one per kind; the first sets the member's size) for kernels over tiles of
-    ``tile_elements``; a group addresses its members from ``tensors[group.members[0]]``
-    and has ``keys[group.members[0]]`` as its key."""
+    ``tile_elements``; members share a group only with equal keys (``key_ids`` give the
+    same groups as the keys themselves); a group addresses its members from
+    ``tensors[group.members[0]]`` and has ``keys[group.members[0]]`` as its key."""
     first = tensors[0]
-    return _plan(tuple([t.data_ptr() for kinds in tensors for t in kinds]),
-                 tuple([kinds[0].numel() for kinds in tensors]), key_ids(keys),
-                 first[0].device, tuple(t.element_size() for t in first), tile_elements,
-                 GROUP_ELEMENTS)
+    sizes = tuple(t.element_size() for t in first)
+    layout = [([t.data_ptr() for t in member], member[0].numel()) for member in tensors]
+    buckets: dict[Hashable, list[int]] = {}
+    for i, ((addresses, numel), key) in enumerate(zip(layout, keys)):
+        aligned = all(p % VECTOR_BYTES == 0 for p in addresses)
+        buckets.setdefault((key, aligned, index_dtype(numel)), []).append(i)
+    runs: list[tuple[Hashable, list[int]]] = []
+    for full_key, members in buckets.items():
+        run: list[int] = []
+        size = 0
+        for i in members:
+            if run and size + layout[i][1] > GROUP_ELEMENTS:
+                runs.append((full_key, run))
+                run, size = [], 0
+            run.append(i)
+            size += layout[i][1]
+        runs.append((full_key, run))
+    return _tables(runs, layout, first[0].device, sizes, tile_elements)
 
 
 def key_ids(keys: Sequence[Hashable]) -> tuple[int, ...]:
@@ -96,32 +108,6 @@ def key_ids(keys: Sequence[Hashable]) -> tuple[int, ...]:
             last, at = key, ids.setdefault(key, len(ids))
         numbered.append(at)
     return tuple(numbered)
-
-
-@functools.lru_cache(maxsize=_PLANS)
-def _plan(pointers: tuple[int, ...], numels: tuple[int, ...], shared: tuple[int, ...],
-          device: torch.device, sizes: tuple[int, ...], tile_elements: int,
-          group_elements: int) -> list[Group]:
-    """``plan`` from the members' addresses (``len(sizes)`` per member) and sizes and
-    their keys' ids (``shared``)."""
-    kinds = len(sizes)
-    layout = [(pointers[i * kinds:(i + 1) * kinds], numel) for i, numel in enumerate(numels)]
-    buckets: dict[Hashable, list[int]] = {}
-    for i, ((addresses, numel), key) in enumerate(zip(layout, shared)):
-        aligned = all(p % VECTOR_BYTES == 0 for p in addresses)
-        buckets.setdefault((key, aligned, index_dtype(numel)), []).append(i)
-    runs: list[tuple[Hashable, list[int]]] = []
-    for full_key, members in buckets.items():
-        run: list[int] = []
-        size = 0
-        for i in members:
-            if run and size + layout[i][1] > group_elements:
-                runs.append((full_key, run))
-                run, size = [], 0
-            run.append(i)
-            size += layout[i][1]
-        runs.append((full_key, run))
-    return _tables(runs, layout, device, sizes, tile_elements)
 
 
 def _tables(runs, layout, device: torch.device, sizes: tuple[int, ...],

@@ -19,16 +19,29 @@ pass over all of them instead of one launch and one host synchronisation per ten
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Mapping
 
+import attrs
 import torch
 
-from . import dispatch
+from . import dispatch, layout
 from .changes import ChangeRun, ChangeSet, FlatChanges, index_dtype, int_bits
 
 
 _MAP_ALIGN = 16
 """Bytes: where the fused kernels' dirty maps start."""
+_REFERENCE = "reference"
+"""``layout.Layout.routes``: the tensors ``_record`` takes."""
+
+
+def _route(master: torch.Tensor, model: torch.Tensor) -> torch.device | str:
+    """The device whose kernels record the pair, or the torch reference."""
+    if (master.dtype == torch.float32 and model.is_contiguous() and model.numel() > 0
+            and master.numel() == model.numel() and master.device == model.device
+            and dispatch.kernels_for(master, model, payload=model.dtype)):
+        return model.device
+    return _REFERENCE
 
 
 def _pack(mask: torch.Tensor) -> torch.Tensor:
@@ -44,6 +57,19 @@ def _unpack(packed: torch.Tensor, count: int) -> torch.Tensor:
     return ((packed.unsqueeze(1) >> shifts) & 1).view(-1)[:count].bool()
 
 
+@attrs.frozen(eq=False)
+class _Maps:
+    """The dirty maps of the tensors a kept layout sends through the kernels."""
+
+    kept: layout.Layout
+    per_tensor: list[torch.Tensor | None]
+    """Per tensor of the layout's calls, its map (None: the torch reference's tensors)."""
+    by_name: dict[str, torch.Tensor]
+    zeroed: list[torch.Tensor]
+    """What ``clear`` zeroes: the allocations made for the layout, and the maps it took
+    over from the interval it began in."""
+
+
 class CastDetector:
     """Accumulates exact dirty bits per tensor between two syncs."""
 
@@ -54,6 +80,8 @@ class CastDetector:
         self._runs: list[ChangeRun] = []
         """First-seen flips of the fused passes, as the kernels wrote them."""
         self._fused_passes = 0
+        self._kept: layout.Layout | None = None
+        self._maps: _Maps | None = None
 
     def record(self, name: str, master: torch.Tensor, model: torch.Tensor) -> None:
         """Mark what the coming ``model.copy_(master)`` will change; call it before the copy."""
@@ -76,42 +104,69 @@ class CastDetector:
 
     def _record_all(self, pairs: Mapping[str, tuple[torch.Tensor, torch.Tensor]], *,
                     copy: bool) -> None:
-        fused: dict[torch.device, list[str]] = {}
-        for name, (master, model) in pairs.items():
-            if self._fused(master, model):
-                fused.setdefault(model.device, []).append(name)
-            else:
-                self._record(name, master, model)
-                if copy:
-                    model.copy_(master)
-        for names in fused.values():
-            from .cast_kernel import record_batch
+        names = list(pairs)
+        flat = list(itertools.chain.from_iterable(pairs.values()))
+        masters, models = flat[::2], flat[1::2]
+        kept = self._kept = layout.keep(
+            self._kept, layout.signature(flat, flat, names, list(map(layout.DTYPE, flat))),
+            lambda: map(_route, masters, models), kinds=2)
+        for at in kept.routes.get(_REFERENCE, ()):
+            self._record(names[at], masters[at], models[at])
+            if copy:
+                models[at].copy_(masters[at])
+        if not kept.fused:
+            return
+        from .cast_kernel import record
 
-            self._new_dirty_maps({n: pairs[n][1] for n in names if n not in self._dirty})
-            members = [(pairs[n][0].detach().reshape(-1), pairs[n][1].detach().view(-1),
-                        self._dirty[n]) for n in names]
-            self._runs += [run.named(names) for run in record_batch(members, copy=copy)]
-        self._fused_passes += bool(fused)
+        maps = self._kept_maps(kept, names, models)
+        for fused in kept.fused:
+            members = list(zip(fused.pick(masters), fused.pick(models), fused.pick(maps)))
+            if not fused.contiguous:
+                members = [(master.detach().contiguous(), model, dirty)
+                           for master, model, dirty in members]
+            found = record(members, list(map(layout.DTYPE, fused.pick(models))), fused,
+                           copy=copy)
+            picked = fused.pick(names)
+            self._runs += [run.named(picked) for run in found]
+        self._fused_passes += 1
 
-    @staticmethod
-    def _fused(master: torch.Tensor, model: torch.Tensor) -> bool:
-        return (master.dtype == torch.float32 and model.is_contiguous() and model.numel() > 0
-                and master.numel() == model.numel() and master.device == model.device
-                and dispatch.kernels_for(master, model, payload=model.dtype))
+    def _kept_maps(self, kept: layout.Layout, names: list[str], models: list[torch.Tensor]
+                   ) -> list[torch.Tensor | None]:
+        """Per tensor of the call, its dirty map if the kernels take it (else None). The
+        maps stay with their layout across ``clear`` (which zeroes them), so that their
+        addresses, and with them the layout's plan, stay too; a new layout takes this
+        interval's maps of its tensors and new zeroed ones for the others."""
+        maps = self._maps
+        if maps is None or maps.kept is not kept:
+            zeroed = []
+            for fused in kept.fused:
+                picked = fused.pick(names)
+                zeroed += [self._dirty[name] for name in picked if name in self._dirty]
+                zeroed += self._new_dirty_maps({name: model for name, model in
+                                                zip(picked, fused.pick(models))
+                                                if name not in self._dirty})
+            by_name = {names[at]: self._dirty[names[at]]
+                       for fused in kept.fused for at in fused.positions}
+            maps = self._maps = _Maps(kept, list(map(by_name.get, names)), by_name, zeroed)
+        else:  # after a clear: the same maps, zeroed
+            self._dirty.update(maps.by_name)
+        return maps.per_tensor
 
-    def _new_dirty_maps(self, models: Mapping[str, torch.Tensor]) -> None:
+    def _new_dirty_maps(self, models: Mapping[str, torch.Tensor]) -> list[torch.Tensor]:
         """Zeroed dirty maps for ``models`` (of one device), views of one allocation, each
-        starting on a 16-byte boundary (the kernels load aligned groups as vectors)."""
+        starting on a 16-byte boundary (the kernels load aligned groups as vectors); the
+        allocation, if any."""
         sizes = {name: -(-model.numel() // 8) for name, model in models.items()}
         padded = {name: -(-size // _MAP_ALIGN) * _MAP_ALIGN for name, size in sizes.items()}
         if not sizes:
-            return
+            return []
         device = next(iter(models.values())).device
         flat = torch.zeros(sum(padded.values()), dtype=torch.uint8, device=device)
         start = 0
         for name, size in sizes.items():
             self._dirty[name] = flat[start:start + size]
             start += padded[name]
+        return [flat]
 
     def _record(self, name: str, master: torch.Tensor, model: torch.Tensor) -> None:
         flat = model.detach().reshape(-1)
@@ -162,3 +217,5 @@ class CastDetector:
         self._first_seen.clear()
         self._runs.clear()
         self._fused_passes = 0
+        if self._maps is not None:
+            torch._foreach_zero_(self._maps.zeroed)

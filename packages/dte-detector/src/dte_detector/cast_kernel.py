@@ -27,10 +27,10 @@ import torch
 import triton
 import triton.language as tl
 
-from . import batch
+from . import batch, layout
 from .changes import ChangeRun
 from .staging import (advance, gather, locate, member_offset, narrow, on_device, place,
-                      programs, read_limit, stage, store_count, tile_offsets)
+                      programs, read_limit, stage, store_count, tile_elements, tile_offsets)
 
 ROWS = 128
 """Rows of 8 elements per tile; one byte of dirty bits per row."""
@@ -156,29 +156,34 @@ def _record_dense(master_ptr, model_ptr, dirty_ptr, offsets_ptr, width, numels_p
               PAYLOAD, NAN_ABOVE, COPY, ROWS, ROWS * 8, True, HALF_ALIGN)
 
 
-def record_batch(members: Sequence[tuple[torch.Tensor, torch.Tensor, torch.Tensor]], *,
-                 copy: bool) -> list[ChangeRun]:
-    """Record (and with ``copy``, copy) flat tensors of one device; dirty maps in place.
+def record(members: Sequence[tuple[torch.Tensor, torch.Tensor, torch.Tensor]],
+           dtypes: Sequence[torch.dtype], kept: layout.Fused, *, copy: bool
+           ) -> list[ChangeRun]:
+    """Record (and with ``copy``, copy) the tensors of one device; dirty maps in place.
 
     Args:
-        members: per tensor its flat fp32 master, its flat contiguous bf16 or fp16 model
-            and its packed dirty bits (``ceil(numel / 8)`` bytes, LSB first); non-empty.
+        members: per tensor (``kept.pick``'s members of a call) its contiguous fp32
+            master, its contiguous bf16 or fp16 model of the same size (any shapes: the
+            kernels read them flat) and its packed dirty bits (``ceil(numel / 8)`` bytes,
+            LSB first); non-empty.
+        dtypes: the models' dtypes.
+        kept: the plan of ``members``' groups, planned here when it does not fit
+            (``ROWS`` is read at the call, ``tools/gpu/tune_kernels.py`` sets it).
 
     Returns:
         One run per group (members keyed by their positions in ``members``, every tensor
         in one): per tensor the sorted indices of its first-seen flips and their old
         values, as exact bounds.
     """
-    assert ROWS * 8 <= 1 << 15, "tile offsets are staged as int16"
-    flats = [(master.contiguous(), model.view(torch.int16), dirty)
-             for master, model, dirty in members]
-    dtypes = [model.dtype for _, model, _ in members]
+    tile = tile_elements(ROWS)
+    groups = kept.groups(members, dtypes, tile_elements=tile)
     found: list[ChangeRun] = []
-    capacity = ROWS * 8 // SLAB_FRACTION
-    device = flats[0][0].device
+    capacity = tile // SLAB_FRACTION
+    device = members[0][0].device
 
     def launch(group: batch.Group):
         dtype = dtypes[group.members[0]]
+        master, model, dirty = members[group.members[0]]
         counts, sizes = batch.scratch(group, device)
         slab = torch.empty(group.tiles * capacity, dtype=torch.int32, device=device)
         config = {"PAYLOAD": _PAYLOAD[dtype], "NAN_ABOVE": _NAN_ABOVE[dtype], "COPY": copy,
@@ -186,8 +191,8 @@ def record_batch(members: Sequence[tuple[torch.Tensor, torch.Tensor, torch.Tenso
                   "FP32_ALIGN": _FP32_ALIGN if group.aligned else 1,
                   "HALF_ALIGN": _HALF_ALIGN if group.aligned else 1,
                   "NARROW": narrow(group.numel, ROWS)}
-        tables = (*flats[group.members[0]], group.offsets, group.offsets.shape[1], group.numels,
-                  group.starts, counts)
+        tables = (master, model.view(torch.int16), dirty, group.offsets, group.offsets.shape[1],
+                  group.numels, group.starts, counts)
         _record[(programs(group.tiles, device, waves=WAVES),)](
             *tables, sizes, slab, slab, slab, group.tiles, 0, **config)
         return tables, config, counts, batch.tile_ends(group, counts, sizes), slab, sizes
@@ -206,6 +211,5 @@ def record_batch(members: Sequence[tuple[torch.Tensor, torch.Tensor, torch.Tenso
                                values, values))
 
     with on_device(device):
-        batch.pipelined(batch.plan(flats, dtypes, tile_elements=ROWS * 8), launch,
-                        lambda launched: launched[-1], finish)
+        batch.pipelined(groups, launch, lambda launched: launched[-1], finish)
     return found

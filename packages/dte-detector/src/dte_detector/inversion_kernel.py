@@ -13,7 +13,7 @@ handling as ``inversion._invert_chunk``, with the same fp32 roundings in the sam
 * the payload casts are the hardware's round-to-nearest-even ``cvt.rn`` that torch's CUDA
   casts use too (NaN becomes the canonical ``0x7FFF`` in both).
 
-``invert_batch`` takes the tensors of a whole sync at once (``batch.py``: groups of
+``invert`` takes the tensors of a whole sync at once (``batch.py``: groups of
 tensors with the same step and payload, walked as one tile space, one host
 synchronisation per group). ``_mark`` reads ``p``, ``m``, ``v`` once (12 bytes per
 element), tile by tile (``staging.py``), and writes a count per tile and the offsets and
@@ -39,12 +39,12 @@ import torch
 import triton
 import triton.language as tl
 
-from . import batch
+from . import batch, layout
 from .changes import ChangeRun
 from .inversion import (_HALF_ETA, AdamWStep, _corrections, decay_factor, fp32, guard_scalars,
                         reciprocal)
 from .staging import (advance, gather, locate, member_offset, narrow, on_device, place,
-                      programs, read_limit, stage_counted, tile_offsets)
+                      programs, read_limit, stage_counted, tile_elements, tile_offsets)
 
 ROWS = 128
 """Rows of 8 elements per tile (``staging.py``)."""
@@ -208,7 +208,7 @@ _PAYLOAD = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
 
 def configurations(hypers: Sequence[AdamWStep], dtypes: Sequence[torch.dtype],
                    guard_ulps: float) -> list[tuple]:
-    """Per tensor its kernel configuration and payload dtype (``batch.plan``'s keys).
+    """Per tensor its kernel configuration and payload dtype (``invert``'s keys).
     Neighbours mostly share a parameter group (and ``torch_adamw_states`` then one step
     object), so a key equal to the previous tensor's is that same tuple: an identity
     test, or one comparison, instead of a cache lookup (a hash and a comparison), and
@@ -225,36 +225,22 @@ def configurations(hypers: Sequence[AdamWStep], dtypes: Sequence[torch.dtype],
     return keys
 
 
-def invert_batch(flats: Sequence[tuple[torch.Tensor, torch.Tensor, torch.Tensor]],
-                 hypers: Sequence[AdamWStep], dtypes: Sequence[torch.dtype], *,
-                 guard_ulps: float) -> list[ChangeRun]:
+def invert(flats: Sequence[tuple[torch.Tensor, torch.Tensor, torch.Tensor]],
+           keys: Sequence[tuple], kept: layout.Fused) -> list[ChangeRun]:
     """``invert_adamw`` over non-empty contiguous fp32 CUDA tensors ``(p, m, v)`` of one
-    device (any shape: the kernels read them flat), each with its step and its bf16 or
-    fp16 payload dtype: one run per group, its members keyed by their positions in
-    ``flats`` (every tensor is in one run, with or without changes).
+    device (any shape: the kernels read them flat; ``kept.pick``'s members of a call),
+    each with its ``configurations`` key: one run per group of ``kept``'s plan (planned
+    here when it does not fit: ``ROWS`` is read at the call, ``tools/gpu/tune_kernels.py``
+    sets it), its members keyed by their positions in ``flats`` (every tensor is in one
+    run, with or without changes).
 
     Synchronises with the host once per ``batch.GROUP_ELEMENTS`` elements, to size the
     outputs, while the device works on the next group.
     """
-    keys = configurations(hypers, dtypes, guard_ulps)
-    return invert_planned(flats, keys, plan_groups(flats, keys))
-
-
-def plan_groups(flats: Sequence[tuple[torch.Tensor, torch.Tensor, torch.Tensor]],
-                keys: Sequence[tuple]) -> list[batch.Group]:
-    """``batch.plan`` of ``flats`` and their ``configurations`` over this module's tiles
-    (``ROWS`` read at the call: ``tools/gpu/tune_kernels.py`` sets it)."""
-    return batch.plan(flats, keys, tile_elements=ROWS * 8)
-
-
-def invert_planned(flats: Sequence[tuple[torch.Tensor, torch.Tensor, torch.Tensor]],
-                   keys: Sequence[tuple], groups: Sequence[batch.Group]) -> list[ChangeRun]:
-    """``invert_batch`` with its configurations (``configurations``) and its plan
-    (``plan_groups``) given: a caller
-    that keeps the plan between calls (``inverter.Inverter``) builds neither again."""
-    assert ROWS * 8 <= 1 << 15, "tile offsets are staged as int16"
+    tile = tile_elements(ROWS)
+    groups = kept.groups(flats, keys, tile_elements=tile)
     found: list[ChangeRun] = []
-    slab = ROWS * 8 // SLAB_FRACTION
+    slab = tile // SLAB_FRACTION
     device = flats[0][0].device
 
     def launch(group: batch.Group):

@@ -176,11 +176,19 @@ def _gather(counts_ptr, ends_ptr, slab_ptr, starts_ptr, index_ptr, values_ptr, t
                  mask=staged)
 
 
+def tile_elements(rows: int) -> int:
+    """Elements of a tile of ``rows`` rows of 8 (a slab word holds an offset in the tile
+    in 16 bits, so a tile holds at most 2**15 elements)."""
+    elements = rows * 8
+    assert elements <= 1 << 15, "tile offsets are staged as int16"
+    return elements
+
+
 def narrow(numel: int, rows: int) -> bool:
     """Whether a group whose largest member has ``numel`` elements addresses its tiles of
     ``[rows, 8]`` with int32 offsets (``tile_offsets``' ``NARROW``): the last tile's
     offsets reach ``numel + rows * 8 - 1``."""
-    return numel + rows * 8 - 1 < 2**31
+    return numel + tile_elements(rows) - 1 < 2**31
 
 
 def programs(tiles: int, device: torch.device, *, waves: int) -> int:
