@@ -10,12 +10,12 @@ import itertools
 
 import torch
 
-from .encodings import ALIGNMENT, align
+from .encodings import align
 from .header import Header
 from .table_bytes import TABLE_CACHE
 
 
-def _split(header: Header, segments: tuple[torch.Tensor, ...]
+def entry_sections(header: Header, segments: tuple[torch.Tensor, ...]
            ) -> list[tuple[torch.Tensor, ...]]:
     """Per entry, its sections: views of the segment that holds each (a section across
     segments is copied together)."""
@@ -24,7 +24,7 @@ def _split(header: Header, segments: tuple[torch.Tensor, ...]
         views, pos, body = [], 0, segments[0]
         for size in table.sizes:
             views.append(body[pos:pos + size])
-            pos += -(-size // ALIGNMENT) * ALIGNMENT
+            pos += align(size)
     else:
         # where each section lies depends only on the table and the segments' sizes, the
         # same for every full version of a stream; a section that is a whole segment (a
