@@ -25,7 +25,10 @@ from dte_codec.encodings import IndexEncoding, Kind, ValueEncoding
 from dte_codec.entry import Entry
 from dte_codec.header import DIGEST_OFFSET, Header, header_digest
 from dte_codec.parts import checked_header
-from dte_codec.section_views import _split
+try:
+    from dte_codec.section_views import entry_sections
+except ImportError:  # an older tree, timed for before/after figures
+    from dte_codec.section_views import _split as entry_sections
 
 
 def timed(fn, *, reps: int, device: torch.device) -> tuple[float, float]:
@@ -71,7 +74,7 @@ def delta_entries(tensors: int, sync: int) -> tuple[Entry, ...]:
 def delta_header(tensors: int, reps: int) -> tuple[tuple[float, float], tuple[float, float]]:
     """Median and least ms (the least is steadier on a shared host) of the sender's ``checked_header``, ``Header.pack`` and header digest (what
     ``seal`` adds is the body digest) and of the receiver's ``Header.unpack_head`` and
-    ``_split``, each sync with fresh entries of new counts."""
+    ``entry_sections``, each sync with fresh entries of new counts."""
     send, receive = [], []
     for sync in range(reps + 2):
         entries = delta_entries(tensors, sync)
@@ -84,7 +87,7 @@ def delta_header(tensors: int, reps: int) -> tuple[tuple[float, float], tuple[fl
         body = torch.empty(header.body_size(), dtype=torch.uint8)
         middle = time.perf_counter()
         parsed = Header.unpack_head(memoryview(head), body.numel())
-        _split(parsed, (body,))
+        entry_sections(parsed, (body,))
         end = time.perf_counter()
         if sync >= 2:
             send.append((sent - start) * 1e3)

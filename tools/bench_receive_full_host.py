@@ -8,8 +8,8 @@ with every dimension scaled down (``--scale``), so the device work is negligible
 what is timed is the host's: header parse, section split, the fit checks, the copy plan
 look-up and the address tables. Phases:
 
-* ``parse``: ``Header.unpack_head``, ``section_views._split`` and ``decode._per_entry`` (decode
-  without its body digest, which runs on the device);
+* ``parse``: ``Header.unpack_head``, ``section_views.entry_sections`` and
+  ``decode._per_entry`` (decode without its body digest, which runs on the device);
 * ``stage``: ``ShardStage`` on the decoded payload (on the CPU inside
   ``dispatch.interpreted()``, so the kernel path's staging is timed; it launches nothing);
 * on CUDA only, as they launch kernels: ``digest`` (``body_digest`` of the segments),
@@ -37,7 +37,10 @@ from dte_codec.dispatch import interpreted
 from dte_codec.header import Header
 from dte_codec.layouts import ModelConfig
 from dte_codec.megatron_layout import MegatronLayout, megatron_shard
-from dte_codec.section_views import _split
+try:
+    from dte_codec.section_views import entry_sections
+except ImportError:  # an older tree, timed for before/after figures
+    from dte_codec.section_views import _split as entry_sections
 from dte_codec.sglang_layout import SGLangLayout, sglang_shard
 from dte_transport import Receiver
 
@@ -77,7 +80,7 @@ def main() -> None:
 
     def parse():
         header = Header.unpack_head(memoryview(frame.header), frame.body_size)
-        return _per_entry(header, _split(header, frame.segments))
+        return _per_entry(header, entry_sections(header, frame.segments))
 
     def staged():
         with kernel_path():

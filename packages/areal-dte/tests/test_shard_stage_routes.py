@@ -32,7 +32,7 @@ from dte_codec.geometry import Piece, Shard, TensorSpec, materialize
 from dte_codec.layouts import hf_shard
 from dte_codec.megatron_layout import MegatronLayout, megatron_shard
 from dte_codec.region import Box
-from dte_codec import routes
+from dte_codec import route_kernel, routes
 from dte_codec.routes import StagedRoutes
 from dte_codec.sglang_layout import SGLangLayout, sglang_shard
 from dte_detector import diff
@@ -143,6 +143,28 @@ def test_stage_built_where_the_kernels_run_has_its_routes_before_the_first_delta
         assert [StagedRoutes] == [type(s) for s in staged if not hasattr(s, "where")]
         assert routed.receive(data).accepted
     assert first_difference(reference.weights, _cpu(routed.weights)) is None
+
+
+def test_source_columns_are_shared_by_the_deltas_of_a_stream():
+    """The routes' entry columns of a set of source tensors (``route_kernel``'s NUMEL to
+    INNER) are made once and shared, read-only, by every delta naming the same tensors
+    (a stream's deltas): no copy per delta; another set of names gets its own."""
+    config, layout, kind = CASES[3]
+    source, shard = _source(config, kind), sglang_shard(config, layout, rank=0)
+    local = materialize(shard, _canonical(config, 0), fill=PADDING)
+    stage = ShardStage.of(source, shard, local)
+    table = routes.Routes.of(stage.transfers,
+                             {n: tuple(t.shape) for n, t in stage.canonical.items()},
+                             {n: t.dtype for n, t in stage.canonical.items()}, local,
+                             torch.device("cpu"))
+    names = tuple(sorted(table.sources))
+    columns = table.source_columns(names)
+    assert (route_kernel.INNER - route_kernel.NUMEL + 1, len(names)) == columns.shape
+    assert columns is table.source_columns(names)
+    assert not columns.flags.writeable
+    fewer = table.source_columns(names[1:])
+    assert columns[:, 1:].tolist() == fewer.tolist()
+    assert columns is not table.source_columns(names)
 
 
 @pytest.mark.parametrize("how", ["replaced", "reallocated"])

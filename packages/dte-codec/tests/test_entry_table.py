@@ -14,7 +14,7 @@ from dte_codec.entry import Entry
 from dte_codec.entry_table import EXACT_NUMEL, EntryTable, Sections
 from dte_codec.errors import HeaderError
 from dte_codec.header import _Reader, Header
-from dte_codec.section_views import _split
+from dte_codec.section_views import entry_sections
 from dte_codec.table_bytes import _pack_table, _read_table
 
 SHAPES = [(), (0,), (1,), (5,), (3, 4), (7, 9, 11), (2**31,), (2**31 - 1,), (1,) * 16,
@@ -106,7 +106,7 @@ def test_one_pass_reader_reads_what_the_field_by_field_reader_reads():
 
 
 def test_sections_are_the_same_bytes_in_one_segment_or_many():
-    """``_split`` of a body held as one segment gives the same section bytes as of the
+    """``entry_sections`` of a body held as one segment gives the same section bytes as of the
     same body cut into uneven segments (sections across segments included)."""
     rng = random.Random(3)
     entries = tuple(e for e in (_entry(rng) for _ in range(400))
@@ -116,7 +116,7 @@ def test_sections_are_the_same_bytes_in_one_segment_or_many():
     body = torch.randint(0, 256, (header.body_size(),), dtype=torch.uint8)
     cuts = sorted(rng.sample(range(1, body.numel()), 50))
     pieces = tuple(torch.tensor_split(body, cuts))
-    one, many = _split(header, (body,)), _split(header, pieces)
+    one, many = entry_sections(header, (body,)), entry_sections(header, pieces)
     assert [len(s) for s in one] == [len(e.section_sizes()) for e in entries]
     assert [[t.tolist() for t in s] for s in one] == [[t.tolist() for t in s] for s in many]
 

@@ -608,6 +608,32 @@ def test_kernel_decoder_checks_escape_positions_as_the_reference(positions):
     assert (positions == (0, 1)) == isinstance(outcomes[0], list)
 
 
+def test_kernel_escape_check_counts_every_bad_position():
+    """The kernel's count of bad residue escape positions equals the reference's, one per
+    bad position, across the blocks of an entry and across entries (int32 and int64
+    positions)."""
+    import numpy as np
+
+    from dte_codec.decode_kernel import BLOCK, escape_failures
+    rng = np.random.default_rng(5)
+    entries = [(np.int32, BLOCK + 90, 4 * BLOCK), (np.int64, 7, 20), (np.int32, 3, 3)]
+    positions, expected = [], 0
+    for dtype, escapes, count in entries:
+        p = np.sort(rng.choice(count, escapes, replace=False)).astype(dtype)
+        bad = rng.choice(escapes, max(escapes // 40, 1), replace=False)
+        p[bad] = rng.choice([-1, count, count + 5], bad.size)
+        previous = np.concatenate([[-1], p[:-1]])
+        expected += int(((p < 0) | (p >= count) | ((np.arange(escapes) > 0)
+                                                   & (p <= previous))).sum())
+        positions.append(torch.from_numpy(p).to(DEVICE))
+    with kernels():
+        got = escape_failures(np.array([e for _, e, _ in entries]),
+                              np.array([p.data_ptr() for p in positions]),
+                              np.array([p.element_size() for p in positions]),
+                              np.array([c for _, _, c in entries]), torch.device(DEVICE))
+    assert expected == int(got)
+
+
 def _owners_reference(blocks: torch.Tensor, total: int) -> torch.Tensor:
     owners = torch.arange(blocks.numel(), dtype=torch.int32, device=blocks.device)
     return torch.repeat_interleave(owners, blocks, output_size=total)

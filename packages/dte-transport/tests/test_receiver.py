@@ -1,10 +1,14 @@
 """Receiver: applies onto exactly its base, rejects everything else and keeps its bytes."""
 
+import importlib
+
 import torch
 import pytest
 from dte_codec import Frame, digests, encode_delta, encode_full
+from dte_codec.decode import QueuedChecks
 from dte_detector import diff
 from dte_transport import Receiver, Rejection
+from dte_transport.receiver import by_name
 
 
 def weights():
@@ -160,3 +164,38 @@ def test_digest_mismatch_after_a_full_leaves_no_version():
     ack = receiver.receive(encode_full(source, stream_id="s", version=3),
                            digests={**digests(source), "x": "00"})
     assert "no tensor 'x' to compare with the sender's digest" == ack.detail
+
+
+def test_a_delta_the_batched_decode_gives_way_on_is_staged_once(monkeypatch):
+    """Where the batched decode's checks fail and the entry-by-entry decode's pass, the
+    stage reads the entry-by-entry payload: the delta is staged once and applied bit for
+    bit."""
+    source, receiver = seeded()
+    new = {n: t.clone() for n, t in source.items()}
+    new["w"][::3] += 1
+    new["v"][1:] -= 1
+    data = encode_delta(new, {n: diff(source[n], new[n]) for n in source}, stream_id="s",
+                        base_version=1, version=2)
+    # as on a GPU: the checks stay queued; here they report one failure the reference lacks
+    monkeypatch.setattr(importlib.import_module("dte_codec.decode"), "batched", lambda d: True)
+    fallbacks, original = [], QueuedChecks.settle
+
+    def failing(self, values=None):
+        digest = (self.queued.tolist() if values is None else values)[0]
+        fallbacks.append(original(self, (digest, 1)))
+        return fallbacks[-1]
+
+    monkeypatch.setattr(QueuedChecks, "settle", failing)
+    staged = []
+
+    def stage(weights, payload):
+        staged.append(payload)
+        return by_name(weights, payload)
+
+    receiver.stage = stage
+    ack = receiver.receive(data)
+    assert (True, 2) == (ack.accepted, ack.version)
+    assert 1 == len(staged)
+    assert any(fallback is not None for fallback in fallbacks)
+    assert all(torch.equal(new[n].view(torch.uint8), t.view(torch.uint8))
+               for n, t in receiver.weights.items())

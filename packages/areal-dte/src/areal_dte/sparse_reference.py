@@ -14,8 +14,8 @@ from dte_codec.apply import Staged
 from dte_codec.batched_remap import RemapItem, remap_all
 from dte_codec.encodings import ValueEncoding
 from dte_codec.entry import Entry
-from dte_codec.errors import MismatchError
 from dte_codec.fields import batched
+from dte_codec.fit import check_contiguous
 from dte_codec.flat_values import resolve_residues
 from dte_codec.geometry import Transfer
 from dte_codec.remap import Remapped
@@ -40,11 +40,9 @@ def stage_sparse(transfers: Mapping[str, tuple[Transfer, ...]],
              for entry, indices, _ in entries]
     routed = [{name: r for (_, name), r in out.items() if r.indices.numel()}
               for out in remap_all(items)]
-    for where in routed:
-        for name in where:
-            if not weights[name].is_contiguous():  # replaced since the stage was built
-                raise MismatchError("layout", expected="a contiguous tensor", got="strided",
-                                    tensor=name)
+    # a local tensor may have been replaced since the stage was built
+    for name in dict.fromkeys(name for where in routed for name in where):
+        check_contiguous(name, weights[name])
     bases = [_base(weights, entry, where) for (entry, _, _), where in zip(entries, routed)]
     values = _resolve(entries, bases)
     return [[Staged(name, weights[name], r.indices, new[r.positions], keep_undo=True)

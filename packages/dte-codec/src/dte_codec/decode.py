@@ -27,7 +27,7 @@ from .header import Header, body_digest_of
 from .indices import decode_indices
 from .payload import Flat, Payload
 from .region import Box
-from .section_views import _split
+from .section_views import entry_sections
 from .table_bytes import TABLE_CACHE
 from .values import check_escapes
 
@@ -62,9 +62,7 @@ class QueuedChecks:
             digest, failed = self.queued.tolist() if values is None else values
             try:
                 _compare_digest(self.frame, digest)
-                self._outcome = ((_per_entry(self.header, _split(self.header,
-                                                                 self.frame.segments))
-                                  if failed else None),)
+                self._outcome = (_reference(self.header, self.frame) if failed else None,)
             except CodecError as exc:
                 self._outcome = exc
         if isinstance(self._outcome, CodecError):
@@ -110,7 +108,7 @@ def decode_queued(data: Frame | bytes | bytearray | memoryview, *,
     header, frame, digest = _open(data, device)
     if not batched(frame.device):
         _check_digest(frame, digest)
-        return _per_entry(header, _split(header, frame.segments))
+        return _reference(header, frame)
     return _batched(header, frame, digest)
 
 
@@ -121,7 +119,7 @@ def _batched(header: Header, frame: Frame, digest: torch.Tensor) -> Payload:
     sparse = IS_SPARSE[encodings]
     if not sparse.any():
         _check_digest(frame, digest)
-        return _per_entry(header, _split(header, frame.segments))  # no body copy
+        return _reference(header, frame)  # no body copy
     body = frame.body()
     # queued behind the digest: the checks of both are read together, and nothing is
     # written anywhere before the digest has matched
@@ -137,7 +135,7 @@ def _batched(header: Header, frame: Frame, digest: torch.Tensor) -> Payload:
     try:
         regions = _regions(header, body, encodings)
     except EntryError:  # the reference raises the first failed check, in order
-        return _per_entry(header, _split(header, frame.segments))
+        return _reference(header, frame)
     return Payload(header=header, flat=Flat(header, body, flat, regions))
 
 
@@ -159,7 +157,7 @@ def decode_per_entry(data: Frame | bytes | bytearray | memoryview, *,
     that raises the first failed check in ``FORMAT.md``'s order."""
     header, frame, digest = _open(data, device)
     _check_digest(frame, digest)
-    return _per_entry(header, _split(header, frame.segments))
+    return _reference(header, frame)
 
 
 def _open(data: Frame | bytes | bytearray | memoryview, device: str | torch.device | None
@@ -194,13 +192,18 @@ def _compare_digest(frame: Frame, computed: int) -> None:
         raise DigestError("body_digest", expected=f"{stored:#018x}", got=f"{computed:#018x}")
 
 
+def _reference(header: Header, frame: Frame) -> Payload:
+    """The payload of ``frame`` decoded entry by entry (its digest checked elsewhere)."""
+    return _per_entry(header, entry_sections(header, frame.segments))
+
+
 def _per_entry(header: Header, sections: list[tuple[torch.Tensor, ...]]) -> Payload:
     if header.kind == Kind.FULL:
         return _full(header, sections)
     indices, values = [], []
-    for entry, entry_sections in zip(header.entries, sections):
+    for entry, own in zip(header.entries, sections):
         n_index = len(entry.index_sections())
-        index_sections, value_sections = entry_sections[:n_index], entry_sections[n_index:]
+        index_sections, value_sections = own[:n_index], own[n_index:]
         check_escapes(entry, value_sections)
         indices.append(_region(entry, index_sections))
         values.append(value_sections)

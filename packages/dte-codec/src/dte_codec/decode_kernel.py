@@ -36,7 +36,7 @@ import triton.language as tl
 from .dispatch import on_device
 from .encodings import IndexEncoding
 from .fields import block_segments, host_tables
-from .kernel_bits import (bit_length, column, flags_before, get_fields, load_int,
+from .kernel_bits import (bit_length, column, flags_before, get_fields, load_uniform,
                           owned_block, width_mask)
 from .rank_select import bounds, last_at_most, popcount, select
 
@@ -196,15 +196,16 @@ _P_BLOCKS = 5
 @triton.jit(do_not_specialize=["segments"])
 def _positions(table, block_seg, segments, failures, BLOCK: tl.constexpr):
     """Residue escape positions outside ``[0, count)`` or not strictly increasing."""
-    block, seg, rank = _entry_block(table, block_seg, segments, BLOCK)
+    _, seg, rank = _entry_block(table, block_seg, segments, BLOCK)
     valid = rank < column(table, _P_ESCAPES, segments, seg)
     at = column(table, _P_AT, segments, seg)
     size = column(table, _P_SIZE, segments, seg)
-    position = load_int(at, rank, size, valid)
-    previous = load_int(at, rank - 1, size, valid & (rank > 0))
+    position = load_uniform(at, rank, size, valid)
+    previous = load_uniform(at, rank - 1, size, valid & (rank > 0))
     bad = valid & ((position < 0) | (position >= column(table, _P_COUNT, segments, seg))
                    | ((rank > 0) & (position <= previous)))
-    tl.store(failures + block, tl.sum(bad.to(tl.int64)))
+    # one atomic per bad position (none in a sound payload), not a block-wide sum
+    tl.atomic_add(failures + rank * 0, 1, mask=bad, sem="relaxed")
 
 
 def escape_failures(escapes: np.ndarray, at: np.ndarray, sizes: np.ndarray,
@@ -223,12 +224,13 @@ def _escape_rows(escapes: np.ndarray, at: np.ndarray, sizes: np.ndarray, counts:
 
 
 def _escape_pass(rows: np.ndarray, table: torch.Tensor) -> torch.Tensor:
-    """The ``_positions`` launch over the escape table ``rows`` (``table`` on the device)."""
+    """The ``_positions`` launch over the escape table ``rows`` (``table`` on the device):
+    the count of its failed checks, 0-d."""
     total = int(rows[_P_BLOCKS].sum())
-    failures = _rows(1, total, table.device)[0]
+    failures = torch.zeros((), dtype=_INT64, device=table.device)
     _positions[(total,)](table, block_segments(table[_P_BLOCKS], total), rows.shape[1],
                          failures, BLOCK=BLOCK)
-    return failures.sum()
+    return failures
 
 
 def decode(rows: np.ndarray, counts: np.ndarray, words: torch.Tensor,
@@ -261,18 +263,22 @@ def _decode(rows: np.ndarray, counts: np.ndarray, words: torch.Tensor,
         escape_rows = _escape_rows(*escapes)
         tables.append(escape_rows)
     table, *rest = host_tables(tables, device)  # every table in one copy
-    streams, ranks = _stream_pass(streams_rows, rest[0] if streams_rows is not None else None,
-                                  words)
+    # without streams, ``_fields`` takes the entry table in their place: only Elias-Fano
+    # and bitmap entries read them (and an aligned int64 table compiles no other variant)
+    streams, ranks = table, None
+    if streams_rows is not None:
+        streams = rest[0]
+        ranks = _stream_pass(streams_rows, streams, words)
     segments, total_blocks = counts.size, int(blocks.sum())
     block_seg = block_segments(table[_BLOCKS], total_blocks)
     out = torch.empty(int(counts.sum()), dtype=_INT64, device=device)
     wides, sums, gap_failures, check_failures = _rows(4, total_blocks, device)
     grid = (total_blocks,)
     args = (table, block_seg, segments)
-    _fields[grid](*args, streams, streams.shape[1], ranks.before, words, last, out, wides,
-                  BLOCK=BLOCK)
+    _fields[grid](*args, streams, streams.shape[1], table if ranks is None else ranks.before,
+                  words, last, out, wides, BLOCK=BLOCK)
     # what ``_fields`` does not read is queued behind it: the device is busy meanwhile
-    failures = [ranks.failures(streams)]
+    failures = [] if ranks is None else [ranks.failures(streams)]
     if escapes is not None:
         failures.append(_escape_pass(escape_rows, rest[-1]))
     if (enc == IndexEncoding.GAP8).any():
@@ -314,34 +320,28 @@ class _Ranks:
     checks need (the prefix sums of the set bits, the words with set padding bits)."""
 
     before: torch.Tensor
-    seen: torch.Tensor | None = None
-    padded: torch.Tensor | None = None
+    seen: torch.Tensor
+    padded: torch.Tensor
 
     def failures(self, streams: torch.Tensor) -> torch.Tensor:
         """The streams' failed checks: set bits other than their element counts, set
         padding bits."""
-        if self.seen is None or self.padded is None:
-            return torch.zeros((), dtype=_INT64, device=self.before.device)
         found = (self.seen.index_select(0, streams[_STREAM_LAST_SLOT])
                  - self.before.index_select(0, streams[_STREAM_FIRST_SLOT]))
         return (found != streams[_STREAM_COUNT]).sum() + self.padded.sum()
 
 
-def _stream_pass(rows: np.ndarray | None, streams: torch.Tensor | None, words: torch.Tensor
-                 ) -> tuple[torch.Tensor, _Ranks]:
+def _stream_pass(rows: np.ndarray, streams: torch.Tensor, words: torch.Tensor) -> _Ranks:
     """The ``_stream`` launch over the stream table ``rows`` (``_stream_rows``; on the
-    device ``streams``): the table and the ranks ``_fields`` searches (``_Ranks``).
-    Without streams the table is a placeholder that no program reads."""
+    device ``streams``): the ranks ``_fields`` searches (``_Ranks``)."""
     device, last = words.device, words.numel() - 1
-    if rows is None or streams is None:
-        return _rows(1, 2, device), _Ranks(_rows(1, 2, device)[0])
     total = int(rows[_STREAM_BLOCKS].sum())
     block_seg = block_segments(streams[_STREAM_BLOCKS], total)
     ones = torch.empty(total * BLOCK, dtype=_INT64, device=device)
     padded = _rows(1, total, device)[0]
     _stream[(total,)](streams, block_seg, rows.shape[1], words, last, ones, padded, BLOCK=BLOCK)
     seen = torch.cumsum(ones, 0)
-    return streams, _Ranks(seen - ones, seen, padded)
+    return _Ranks(seen - ones, seen, padded)
 
 
 def _rows(count: int, length: int, device: torch.device) -> torch.Tensor:

@@ -119,9 +119,14 @@ def _check_target(weights: Mapping[str, torch.Tensor], entry: Entry) -> None:
     if target.shape != entry.shape:
         raise MismatchError("shape", expected=tuple(target.shape), got=entry.shape,
                             tensor=entry.name)
+    check_contiguous(entry.name, target)
+
+
+def check_contiguous(name: str, target: torch.Tensor) -> None:
+    """Raise ``MismatchError`` where the tensor ``name`` is not contiguous: writes go
+    through flat views of it."""
     if not target.is_contiguous():
-        raise MismatchError("layout", expected="a contiguous tensor", got="strided",
-                            tensor=entry.name)
+        raise MismatchError("layout", expected="a contiguous tensor", got="strided", tensor=name)
 
 
 def _check_regions(weights: Mapping[str, torch.Tensor],

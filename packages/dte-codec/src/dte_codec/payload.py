@@ -15,6 +15,7 @@ import torch
 from .flat_decode import INDEX_SECTIONS, VALUE_SECTIONS, FlatIndices
 from .header import Header
 from .region import Box
+from .section_views import entry_sections
 
 if TYPE_CHECKING:
     from .decode import QueuedChecks
@@ -120,9 +121,6 @@ class Flat:
         return tuple(next(found) if region is None else region for region in self.regions)
 
     def entry_values(self) -> tuple[tuple[torch.Tensor, ...], ...]:
-        sections = self.header.sections()
-        views = [self.body[at:at + size]
-                 for at, size in zip(sections.offsets.tolist(), sections.sizes)]
         index_sections = INDEX_SECTIONS[self.header.columns()["index_encoding"]].tolist()
-        return tuple(tuple(views[first + n:first + count]) for first, n, count in
-                     zip(sections.firsts.tolist(), index_sections, sections.per_entry))
+        return tuple(own[n:] for own, n in
+                     zip(entry_sections(self.header, (self.body,)), index_sections))

@@ -5,10 +5,11 @@ The flat space is the payload's sparse entries back to back, each on whole block
 ``e`` owns the blocks from ``first_block[e]`` on; its element ``r`` is element
 ``indices[e][r]`` of its source tensor), so a program reads its entry from a block ->
 entry table (``fields.block_segments``: one load, no search, no compile-time entry count).
-Per entry the ``entries`` table holds the address and item size of its index tensor, its
-source shape (sizes, right-aligned) and its run of transfers in the
-``transfers`` table; per transfer: its target tensor, its source box per dimension and
-the affine map to the target's flat index (``remap._affine``). An entry whose transfers
+Per entry the ``entries`` table holds the address and item size of its index tensor, the
+item size of its values, its source tensor's element count and two inner sizes (its shape
+right-aligned to three dimensions; the outer coordinate follows from them) and its run of
+transfers in the ``transfers`` table; per transfer: its target tensor, its source box per
+dimension and the affine map to the target's flat index (``remap._affine``). An entry whose transfers
 split its tensor along one dimension has a lookup (``routes.Routes``): its element reads
 its transfer there; the others compare the element with each of their boxes. ``_route`` writes per
 element the byte address of its target element (0: no local piece holds it) and reads the
@@ -28,15 +29,15 @@ BLOCK = 512
 """Elements per program (``tools/gpu/tune_receive.py``: 512 edged out 1,024 for ``_route``
 in three runs, ``_move`` alike)."""
 WARPS = 4
-# columns of the per-entry table (then the sizes of the source shape, then
-# its element count and blocks)
-FIRST_BLOCK, INDEX_AT, INDEX_SIZE, NUMEL, FIRST, COUNT, ITEMSIZE, LOOKUP_AT, LOOKUP_DIM, SHAPE = (
-    tl.constexpr(c) for c in range(10))
+# columns of the per-entry table: the payload's from FIRST_BLOCK to ITEMSIZE, the source
+# tensor's from NUMEL to INNER (``routes.Routes.source_columns``), the payload's again
+# from ELEMENTS
+(FIRST_BLOCK, INDEX_AT, INDEX_SIZE, ITEMSIZE, NUMEL, FIRST, COUNT, LOOKUP_AT, LOOKUP_DIM, MIDDLE,
+ INNER, ELEMENTS) = (tl.constexpr(c) for c in range(12))
 # columns of the per-transfer table (then per dimension its weight, low and high bound)
 TENSOR, SHIFT, AFFINE = (tl.constexpr(c) for c in range(3))
 DIMS = tl.constexpr(3)
 """Source dimensions a route reads (shapes right-aligned to three)."""
-ELEMENTS = tl.constexpr(SHAPE + DIMS)
 BLOCKS = ELEMENTS.value + 1  # host-only
 # the flags ``_route`` counts
 OUT_OF_RANGE, TWICE = (tl.constexpr(c) for c in range(2))
@@ -53,8 +54,8 @@ def _coordinates(entries, segments, seg, index, NARROW: tl.constexpr):
     dimensions: two divisions, where a stride and a size per dimension took six (32-bit,
     and int32 results, where every source tensor has fewer than 2**31 elements). Only
     an index inside its tensor gets its coordinates; the callers mask the others."""
-    middle = _entry(entries, SHAPE + 1, segments, seg)
-    inner = _entry(entries, SHAPE + 2, segments, seg)
+    middle = _entry(entries, MIDDLE, segments, seg)
+    inner = _entry(entries, INNER, segments, seg)
     if NARROW:
         index, middle, inner = index.to(tl.int32), middle.to(tl.int32), inner.to(tl.int32)
     rows = index // inner

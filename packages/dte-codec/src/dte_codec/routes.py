@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from .dispatch import on_device
-from .encodings import ValueEncoding
+from .encodings import ValueEncoding, align
 from .fields import WORD_BYTES, block_segments, host_table, host_tables
 from .flat_values import Residues
 from .geometry import Transfer
@@ -75,7 +75,7 @@ class Routes:
     lookup: torch.Tensor
     _rows: dict[str, np.ndarray] = attrs.field(factory=dict, init=False, eq=False, repr=False)
     """Per source tensor, its columns of ``route_kernel``'s entry table (from NUMEL to
-    the sizes), made on first use."""
+    INNER), made on first use."""
     _columns: dict[tuple[str, ...], np.ndarray] = attrs.field(
         factory=dict, init=False, eq=False, repr=False)
     """The columns of the names last given to ``source_columns``."""
@@ -137,21 +137,24 @@ class Routes:
         return all(name in self.sources for name in names)
 
     def source_columns(self, names: tuple[str, ...]) -> np.ndarray:
-        """``route_kernel``'s entry columns NUMEL to the sizes of each source tensor of
-        ``names`` (columns x names; a new array, the caller's to change)."""
+        """``route_kernel``'s entry columns NUMEL to INNER of each source tensor of
+        ``names`` (columns x names; read-only: a stream's deltas, which name the same
+        tensors, get the same array)."""
         columns = self._columns.get(names)
-        if columns is not None:  # a stream's deltas: the same names
-            return columns.copy()
+        if columns is not None:
+            return columns
         rows = self._rows
         missing = [name for name in names if name not in rows]
         for name in missing:
             s = self.sources[name]
-            rows[name] = np.array([s.numel, s.first, s.count, 0, s.lookup_at, s.lookup_dim,
-                                   *s.sizes], dtype=np.int64)
+            # the outer size is not read: the coordinates follow from the inner two
+            rows[name] = np.array([s.numel, s.first, s.count, s.lookup_at, s.lookup_dim,
+                                   *s.sizes[1:]], dtype=np.int64)
         columns = np.stack([rows[name] for name in names], axis=1)
+        columns.flags.writeable = False
         self._columns.clear()
         self._columns[names] = columns
-        return columns.copy()
+        return columns
 
     def target_addresses(self, weights: Mapping[str, torch.Tensor]) -> torch.Tensor:
         """The local tensors' addresses, in ``tensors`` order, as a device table: what
@@ -270,18 +273,18 @@ class _Moves:
     def of(cls, routes: Routes, weights: Mapping[str, torch.Tensor],
            sparse: SparseEntries, targets: torch.Tensor) -> _Moves:
         device = routes.table.device
-        from .route_kernel import BLOCK, BLOCKS, ITEMSIZE, NUMEL
+        from .route_kernel import BLOCK, BLOCKS
         counts, itemsize = sparse.columns["count"], sparse.columns["itemsize"]
         blocks = -(-counts // BLOCK)
-        sizes = -(-(counts * itemsize) // WORD_BYTES) * WORD_BYTES
-        columns = routes.source_columns(sparse.names)
-        columns[ITEMSIZE.value - NUMEL.value] = itemsize
+        sizes = align(counts * itemsize)
         offsets = np.cumsum(sizes) - sizes
         gathered = torch.empty(max(int(sizes.sum()), WORD_BYTES), dtype=torch.uint8, device=device)
         # the gather's addresses go with the table: one copy to the device
         table, gathered_at, flags = host_tables([np.concatenate([
-            np.stack([np.cumsum(blocks) - blocks, sparse.index_at, sparse.index_size]),
-            columns, np.stack([counts, blocks])]),  # ... ELEMENTS, BLOCKS
+            np.stack([np.cumsum(blocks) - blocks, sparse.index_at, sparse.index_size,
+                      itemsize]),  # FIRST_BLOCK .. ITEMSIZE
+            routes.source_columns(sparse.names),  # NUMEL .. INNER
+            np.stack([counts, blocks])]),  # ELEMENTS, BLOCKS
             (gathered.data_ptr() + offsets)[None], np.zeros(_FLAGS, dtype=np.int64)], device)
         total_blocks = int(blocks.sum())
         return cls(entries=table, block_seg=block_segments(table[BLOCKS], total_blocks),

@@ -22,6 +22,7 @@ import triton
 import triton.language as tl
 
 from .dispatch import on_device
+from .encodings import align
 from .fields import block_segments, host_table
 from .kernel_bits import column, load_uniform, owned_block, store_uniform
 
@@ -62,7 +63,7 @@ class FlatEntries:
         blocks = [triton.cdiv(count, BLOCK) for count in self.counts]
         first_blocks = list(itertools.accumulate(blocks, initial=0))  # and their total last
         offsets = list(itertools.accumulate(
-            (-(-count * target.element_size() // 8) * 8
+            (align(count * target.element_size())
              for count, target in zip(self.counts, self.targets)), initial=0))
         self.blocks, self.nbytes, self.offsets = first_blocks.pop(), offsets.pop(), offsets
         self.total = sum(self.counts)

@@ -10,21 +10,19 @@ import itertools
 
 import torch
 
-from .encodings import ALIGNMENT, align
+from .encodings import align
 from .header import Header
 from .table_bytes import TABLE_CACHE
 
 
-def _split(header: Header, segments: tuple[torch.Tensor, ...]
-           ) -> list[tuple[torch.Tensor, ...]]:
+def entry_sections(header: Header, segments: tuple[torch.Tensor, ...]
+                   ) -> list[tuple[torch.Tensor, ...]]:
     """Per entry, its sections: views of the segment that holds each (a section across
     segments is copied together)."""
     table = header.sections()
     if len(segments) == 1:  # a delta's body: plain slices, no segment search
-        views, pos, body = [], 0, segments[0]
-        for size in table.sizes:
-            views.append(body[pos:pos + size])
-            pos += -(-size // ALIGNMENT) * ALIGNMENT
+        body = segments[0]
+        views = [body[at:at + size] for at, size in zip(table.offsets.tolist(), table.sizes)]
     else:
         # where each section lies depends only on the table and the segments' sizes, the
         # same for every full version of a stream; a section that is a whole segment (a

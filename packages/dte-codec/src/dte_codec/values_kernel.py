@@ -23,7 +23,7 @@ import triton
 import triton.language as tl
 
 from .dispatch import on_device
-from .encodings import index_itemsizes
+from .encodings import align, index_itemsizes
 from .entry import Entry
 from .fields import block_segments, host_table
 from .flat_values import Residues, Resolved
@@ -130,7 +130,7 @@ def resolve_columns(residues: Residues, device: torch.device) -> Resolved:
 
 def _resolve_all(r: Residues, device: torch.device) -> Resolved:
     blocks, escape_blocks = -(-r.count // BLOCK), -(-r.escapes // BLOCK)
-    sizes = -(-(r.count * r.itemsize) // 8) * 8
+    sizes = align(r.count * r.itemsize)
     offsets = _starts(sizes)
     nbytes, total_blocks, total_escape_blocks = (int(x.sum()) for x in
                                                  (sizes, blocks, escape_blocks))

@@ -16,7 +16,10 @@ from .ack import Ack, Rejection
 log = logging.getLogger(__name__)
 
 Stage = Callable[[Mapping[str, torch.Tensor], Payload], Prepared]
-"""Checks a decoded payload against the live tensors and resolves it, writing nothing."""
+"""Checks a decoded payload against the live tensors and resolves it, writing nothing.
+It reads the payload through ``indices``, ``values`` and ``flat``, which are the entry by
+entry decode's where the batched decode gave way (``Payload.settled``), so a payload is
+staged once either way."""
 
 
 def by_name(weights: Mapping[str, torch.Tensor], payload: Payload) -> Prepared:
@@ -87,9 +90,7 @@ class Receiver:
             except CodecError:
                 payload.settled()  # a bad payload is refused as such, before a misfit
                 raise
-            settled = payload.settled()  # read where the stage did not read it
-            if settled is not payload:  # the batched decode gave way: stage the reference's
-                prepared = self.stage(self.weights, settled)
+            payload.settled()  # read where the stage did not read it
             prepared.write(check=check)
         except _DigestMismatch as exc:
             if header.kind == Kind.FULL:
