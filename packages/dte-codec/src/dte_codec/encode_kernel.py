@@ -132,7 +132,9 @@ def _stats(items, block_seg, segments, codes, patterns, pattern_size, out, kept,
     pattern = _pattern(items, segments, seg, idx, valid)
     # bounds are read for residue dtypes only; the others need no residue width
     size, mask = column(items, _SIZE, segments, seg), width_mask(bits)
-    bounded = tl.where(residue, valid, False)  # see kernel_bits.load_int on scalar flags
+    # tl.where, not &: Triton's interpreter types a scalar flag ANDed with a block of flags
+    # as int64, which a mask refuses
+    bounded = tl.where(residue, valid, False)
     low = load_uniform(column(items, _LOW_AT, segments, seg), rank, size, bounded) & mask
     high = load_uniform(column(items, _HIGH_AT, segments, seg), rank, size, bounded) & mask
     key_bits = tl.where(residue, bits, 16)  # keys of residue dtypes only are used

@@ -7,8 +7,8 @@ segments (one per payload entry). Per-segment numbers sit in an int64 table of
 blocks, so a program reads its segment once from a block -> segment table
 (``fields.block_segments``; ``owned_block``): no per-element search, and no kernel is
 compiled per segment count. Tensors of different entries are reached through
-their addresses in the table (``load_uniform``/``store_uniform`` where the block's item
-size is one, ``load_int`` where it varies), so one launch covers every tensor.
+their addresses in the table (``load_uniform``/``store_uniform``: a block's items share
+one size), so one launch covers every tensor.
 
 ``put_fields`` adds bit fields into int64 body words with two atomic adds per run of
 elements of a warp that share a word (a field that straddles two words adds its high part
@@ -91,29 +91,11 @@ def owned_block(table, block_seg, segments, FIRST: tl.constexpr, BLOCK: tl.const
 
 
 @triton.jit
-def load_int(address, at, size, mask):
-    """Element ``at`` of the tensor at ``address`` with ``size``-byte items (1, 2, 4 or 8),
-    as int64 (1-byte items zero-extended, the others sign-extended). ``address`` and
-    ``size`` may be scalars (``tl.where``, not ``&``: Triton's interpreter types a scalar
-    flag ANDed with a block of flags as int64, which a mask refuses)."""
-    one = tl.load(address.to(tl.pointer_type(tl.uint8)) + at, mask=tl.where(size == 1, mask, False),
-                  other=0)
-    two = tl.load(address.to(tl.pointer_type(tl.int16)) + at, mask=tl.where(size == 2, mask, False),
-                  other=0)
-    four = tl.load(address.to(tl.pointer_type(tl.int32)) + at,
-                   mask=tl.where(size == 4, mask, False), other=0)
-    eight = tl.load(address.to(tl.pointer_type(tl.int64)) + at,
-                    mask=tl.where(size == 8, mask, False), other=0)
-    return tl.where(size == 1, one.to(tl.int64),
-                    tl.where(size == 2, two.to(tl.int64),
-                             tl.where(size == 4, four.to(tl.int64), eight)))
-
-
-@triton.jit
 def load_uniform(address, at, size, mask):
-    """``load_int`` where ``size`` is a scalar (``address`` a scalar or one per element): a
-    branch on the size, the same in every thread, runs one load (``load_int`` issues and
-    selects among four)."""
+    """Element ``at`` of the tensor at ``address`` with ``size``-byte items (1, 2, 4 or 8, a
+    scalar; ``address`` a scalar or one per element), as int64 (1-byte items zero-extended,
+    the others sign-extended): a branch on the size, the same in every thread, runs one
+    load."""
     out = tl.zeros(at.shape, tl.int64)
     if size == 1:
         out = tl.load(address.to(tl.pointer_type(tl.uint8)) + at, mask=mask, other=0).to(tl.int64)
