@@ -25,10 +25,7 @@ from dte_codec.encodings import IndexEncoding, Kind, ValueEncoding
 from dte_codec.entry import Entry
 from dte_codec.header import DIGEST_OFFSET, Header, header_digest
 from dte_codec.parts import checked_header
-try:
-    from dte_codec.section_views import entry_sections
-except ImportError:  # an older tree, timed for before/after figures
-    from dte_codec.section_views import _split as entry_sections
+from dte_codec.section_views import entry_sections
 
 
 def timed(fn, *, reps: int, device: torch.device) -> tuple[float, float]:
@@ -72,9 +69,10 @@ def delta_entries(tensors: int, sync: int) -> tuple[Entry, ...]:
 
 
 def delta_header(tensors: int, reps: int) -> tuple[tuple[float, float], tuple[float, float]]:
-    """Median and least ms (the least is steadier on a shared host) of the sender's ``checked_header``, ``Header.pack`` and header digest (what
-    ``seal`` adds is the body digest) and of the receiver's ``Header.unpack_head`` and
-    ``entry_sections``, each sync with fresh entries of new counts."""
+    """Median and least ms (the least is steadier on a shared host) of the sender's
+    ``checked_header``, ``Header.pack`` and header digest (what ``seal`` adds is the body
+    digest) and of the receiver's ``Header.unpack_head`` and ``entry_sections``, each sync
+    with fresh entries of new counts."""
     send, receive = [], []
     for sync in range(reps + 2):
         entries = delta_entries(tensors, sync)

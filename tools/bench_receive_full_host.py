@@ -37,10 +37,7 @@ from dte_codec.dispatch import interpreted
 from dte_codec.header import Header
 from dte_codec.layouts import ModelConfig
 from dte_codec.megatron_layout import MegatronLayout, megatron_shard
-try:
-    from dte_codec.section_views import entry_sections
-except ImportError:  # an older tree, timed for before/after figures
-    from dte_codec.section_views import _split as entry_sections
+from dte_codec.section_views import entry_sections
 from dte_codec.sglang_layout import SGLangLayout, sglang_shard
 from dte_transport import Receiver
 

@@ -11,6 +11,7 @@ On a CUDA device the kernels run there; on the CPU under Triton's interpreter
 from __future__ import annotations
 
 import contextlib
+import math
 import sys
 
 import numpy as np
@@ -164,7 +165,14 @@ def test_source_columns_are_shared_by_the_deltas_of_a_stream():
     assert not columns.flags.writeable
     fewer = table.source_columns(names[1:])
     assert columns[:, 1:].tolist() == fewer.tolist()
-    assert columns is not table.source_columns(names)
+    # each value in the row the kernels read it from: sizes and counts of the real shapes
+    kernel_row = {c: route_kernel.ENTRY_COLUMNS.index(c) - route_kernel.NUMEL
+                  for c in ("numel", "middle", "inner")}
+    shapes = {n: (1, 1, *stage.canonical[n].shape)[-3:] for n in names}
+    assert {len(stage.canonical[n].shape) for n in names} == {1, 2}
+    expected = [[math.prod(shapes[n]) for n in names], [shapes[n][1] for n in names],
+                [shapes[n][2] for n in names]]
+    assert expected == [columns[kernel_row[c]].tolist() for c in ("numel", "middle", "inner")]
 
 
 @pytest.mark.parametrize("how", ["replaced", "reallocated"])

@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib.util
 
 import attrs
+import numpy as np
 import pytest
 import torch
 from codec_cases import (Change, HostReads, assert_apply_agrees, assert_corrupt_decodes_agree,
@@ -610,8 +611,6 @@ def test_kernel_escape_check_counts_every_bad_position():
     """The kernel's count of bad residue escape positions equals the reference's, one per
     bad position, across the blocks of an entry and across entries (int32 and int64
     positions)."""
-    import numpy as np
-
     from dte_codec.decode_kernel import BLOCK, escape_failures
     rng = np.random.default_rng(5)
     entries = [(np.int32, BLOCK + 90, 4 * BLOCK), (np.int64, 7, 20), (np.int32, 3, 3)]

@@ -74,9 +74,9 @@ def test_a_kept_plan_serves_other_keys_of_one_pattern_and_follows_the_tile_size(
         members, ["a"] * 3, tile_elements=1024)
 
 
-def test_a_replaced_or_resized_member_gets_a_new_plan():
-    """A member's tensor replaced by one elsewhere in memory, or resized: the tables
-    follow, with the new offsets and tiles."""
+def test_tables_follow_a_replaced_or_resized_member():
+    """A member's tensor replaced by one elsewhere in memory, or resized: the plan's
+    tables hold the new offsets and tiles (``layout`` decides when to plan again)."""
     members = _members(1000, 3000, 5)
     moved = [members[0], tuple(t.clone() for t in members[1]), members[2]]
     replaced = batch.plan(moved, ["a"] * 3, tile_elements=1024)

@@ -70,15 +70,18 @@ def _members() -> list[tuple[tuple[torch.Tensor, ...], AdamWStep]]:
     return members
 
 
+@pytest.mark.parametrize("waves", [None, 1])
 @pytest.mark.parametrize("slab_fraction,group_elements,wide",
                          [(8, 1 << 28, False), (1, 5000, False), (4096, 5000, False),
                           (8, 5000, True)])
 def test_interpreted_batched_inversion_is_the_reference(monkeypatch, slab_fraction,
-                                                        group_elements, wide):
+                                                        group_elements, wide, waves):
     """Every member's indices and fp16 bounds equal the reference's bit for bit, through
     the sync's path (``Inverter``, every tensor through the kernels): one group or many,
     the default slab, slabs that hold every element, no slab (every tile with a change
-    through the dense pass), and the int64 offsets of members past 2**31 elements."""
+    through the dense pass), and the int64 offsets of members past 2**31 elements; with
+    the default programs, and with one program walking every tile (the interpreter is
+    one multiprocessor: the default gives most tiles a program of their own)."""
     from triton.runtime.interpreter import InterpretedFunction
 
     from dte_detector import batch, dispatch, inversion_kernel
@@ -87,6 +90,7 @@ def test_interpreted_batched_inversion_is_the_reference(monkeypatch, slab_fracti
     assert isinstance(inversion_kernel._mark, InterpretedFunction), \
         "the kernel module was imported before TRITON_INTERPRET was set"
     monkeypatch.setattr(inversion_kernel, "SLAB_FRACTION", slab_fraction)
+    monkeypatch.setattr(inversion_kernel, "WAVES", waves or inversion_kernel.WAVES)
     monkeypatch.setattr(batch, "GROUP_ELEMENTS", group_elements)
     monkeypatch.setattr(dispatch, "kernels_for", lambda *tensors, payload: True)
     if wide:
@@ -137,7 +141,8 @@ def test_interpreted_inverter_replans_a_replaced_resized_retyped_or_strided_tens
     address, size, dtype and contiguity: a master replaced by another tensor, resized in
     place, given another dtype in place (a typed error, as on a first call) or made
     non-contiguous in place gives the reference's change sets again, bit for bit; the
-    same tensors again are not planned again."""
+    same tensors again are not planned again; a moment shortened in place goes to the
+    reference, which raises."""
     from dte_detector import batch, dispatch
     from dte_detector.errors import PrecisionError
     from dte_detector.inverter import Inverter
@@ -151,11 +156,14 @@ def test_interpreted_inverter_replans_a_replaced_resized_retyped_or_strided_tens
     hypers = [hyper for _, hyper in _members()[6:12]]
     inverter = Inverter()
 
+    def runs():
+        return inverter.runs([f"t{k}" for k in range(len(members))],
+                             [tuple(m) for m in members], hypers,
+                             [h.step - 1 for h in hypers], [torch.float16] * len(members))
+
     def check() -> None:
-        found, runs = inverter.runs([f"t{k}" for k in range(len(members))],
-                                    [tuple(m) for m in members], hypers,
-                                    [h.step - 1 for h in hypers], [torch.float16] * len(members))
-        for run in runs:
+        found, runs_ = runs()
+        for run in runs_:
             for k, at in enumerate(run.names):
                 found[at] = run.change_set(k)
         for (p, m, v), hyper, actual in zip(members, hypers, found, strict=True):
@@ -177,24 +185,34 @@ def test_interpreted_inverter_replans_a_replaced_resized_retyped_or_strided_tens
     p, m, v = members[0]  # 1024 elements: transposed in place, same address and size
     p.data, m.data, v.data = (t.data.view(32, 32).t() for t in (p, m, v))
     check()
+    m = members[5][1]
+    whole, m.data = m.data, m.data[:m.numel() // 2]  # a moment shorter than its master
+    with pytest.raises(RuntimeError, match="must match the size"):  # the reference's error
+        runs()
+    m.data = whole
+    check()
     members[4][0].data = members[4][0].data.view(torch.int32)  # same address and size
     with pytest.raises(PrecisionError):
         check()
 
 
+@pytest.mark.parametrize("waves", [None, 1])
 @pytest.mark.parametrize("slab_fraction", [1, 4, 1024])
 @pytest.mark.parametrize("copy", [True, False])
-def test_interpreted_cast_is_the_reference(monkeypatch, slab_fraction, copy):
+def test_interpreted_cast_is_the_reference(monkeypatch, slab_fraction, copy, waves):
     """``record_and_copy_all`` (or ``record_all`` then the copies) through the cast
     kernels, over fp16 tensors around the tile size that move by much or little (NaN,
     -0 and inf among them), two steps, with slabs that hold a whole tile, the default
     quarter, or one pair (nearly every tile dense: counted by the first pass, done again
-    by the dense pass): the reference's model bits, dirty maps and change sets."""
+    by the dense pass): the reference's model bits, dirty maps and change sets; with the
+    default programs (one per tile here) and with one program walking every tile, which
+    reads each next tile ahead (its dirty bytes with the rest)."""
     from detector_cases import record_all
 
     from dte_detector import CastDetector, cast_kernel, dispatch
 
     monkeypatch.setattr(cast_kernel, "SLAB_FRACTION", slab_fraction)
+    monkeypatch.setattr(cast_kernel, "WAVES", waves or cast_kernel.WAVES)
     gen = torch.Generator().manual_seed(7)
     trajectories = []
     for n, scale in ((7, 1e-3), (1025, 1e-3), (3001, 1e-6), (2048, 3e-5)):
@@ -301,3 +319,78 @@ def test_interpreted_cast_keeps_its_layout_only_while_its_tensors_keep_theirs(mo
     # transposed master is copied and planned each call; a model recorded alone and then
     # with the others: two layouts (the second takes the first's map)
     assert [1, 1, 2, 3, 4, 5, 7, 7, 8, 8] == plans
+
+
+def _two_records(names, edit=None):
+    """A ``CastDetector`` over two fp16 models of 1,025 elements: one step recorded and
+    copied under ``names[0]``, a second under ``names[1]`` (after ``edit`` of the pairs,
+    if given), without a clear between them; the detector, models and pairs."""
+    from dte_detector import CastDetector
+
+    gen = torch.Generator().manual_seed(11)
+    masters = [torch.randn(1025, generator=gen) * 0.02 for _ in range(2)]
+    models = [master.to(torch.float16) for master in masters]
+    detector = CastDetector()
+    for step, keys in enumerate(names):
+        if step and edit is not None:
+            edit(masters, models)
+        for master in masters:
+            master.add_(torch.randn(master.shape, generator=gen) * 3e-4)
+        detector.record_and_copy_all({key: (master.detach(), model)
+                                      for key, master, model in zip(keys, masters, models)})
+    return detector, models
+
+
+def test_interpreted_cast_dirty_bits_follow_names(monkeypatch):
+    """The same tensors recorded again under swapped names before a ``clear``: each
+    name's first-seen pairs are read against that name's dirty bits, as the reference
+    does (a layout kept by position alone would read them against the other tensor's)."""
+    from dte_detector import dispatch
+
+    names = [("a", "b"), ("b", "a")]
+    with dispatch.reference():
+        expected, expected_models = _two_records(names)
+    monkeypatch.setattr(dispatch, "kernels_for", lambda *tensors, payload: True)
+    actual, actual_models = _two_records(names)
+    for want_model, got_model in zip(expected_models, actual_models, strict=True):
+        assert bits_of(want_model) == bits_of(got_model)
+    for name, model in zip("ab", actual_models):
+        want, got = expected.changes(name, model), actual.changes(name, model)
+        assert want.indices.tolist() == got.indices.tolist()
+        assert bits_of(want.base_low) == bits_of(got.base_low)
+
+
+@pytest.mark.parametrize("kernels", [False, True])
+def test_a_tensor_resized_within_an_interval_is_refused_before_anything_is_written(
+        monkeypatch, kernels):
+    """A pair resized in place after its first record and before the ``clear``: a typed
+    ``ResizedError`` naming it, with no model written (the other pair's neither), through
+    the reference or the kernels; after the ``clear`` the same tensors record again."""
+    from dte_detector import CastDetector, dispatch
+    from dte_detector.errors import ResizedError
+
+    if kernels:
+        monkeypatch.setattr(dispatch, "kernels_for", lambda *tensors, payload: True)
+    gen = torch.Generator().manual_seed(5)
+    masters = [torch.randn(1025, generator=gen) * 0.02 for _ in range(2)]
+    models = [master.to(torch.float16) for master in masters]
+    detector = CastDetector()
+
+    def record() -> None:
+        for master in masters:
+            master.add_(torch.randn(master.shape, generator=gen) * 3e-4)
+        detector.record_and_copy_all({name: (master.detach(), model)
+                                      for name, master, model in zip("ab", masters, models)})
+
+    record()
+    masters[1].data, models[1].data = masters[1].data[:1000], models[1].data[:1000]
+    before = [bits_of(model) for model in models]
+    with pytest.raises(ResizedError, match="'b': 1000 elements"):
+        record()
+    assert before == [bits_of(model) for model in models]
+    with pytest.raises(ResizedError):  # refused until the clear
+        record()
+    detector.clear()
+    record()
+    for model, master in zip(models, masters, strict=True):
+        assert bits_of(master.to(torch.float16)) == bits_of(model)

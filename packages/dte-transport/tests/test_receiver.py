@@ -4,7 +4,7 @@ import importlib
 
 import torch
 import pytest
-from dte_codec import Frame, digests, encode_delta, encode_full
+from dte_codec import Frame, decode, digests, encode_delta, encode_full
 from dte_codec.decode import QueuedChecks
 from dte_detector import diff
 from dte_transport import Receiver, Rejection
@@ -166,17 +166,15 @@ def test_digest_mismatch_after_a_full_leaves_no_version():
     assert "no tensor 'x' to compare with the sender's digest" == ack.detail
 
 
-def test_a_delta_the_batched_decode_gives_way_on_is_staged_once(monkeypatch):
-    """Where the batched decode's checks fail and the entry-by-entry decode's pass, the
-    stage reads the entry-by-entry payload: the delta is staged once and applied bit for
-    bit."""
-    source, receiver = seeded()
+def _delta_the_batched_decode_gives_way_on(monkeypatch, source):
+    """A delta of ``source`` and the new weights; as on a GPU, its checks stay queued,
+    and here they report one failure that the entry-by-entry decode does not have. The
+    fallbacks the checks gave are appended to the returned list."""
     new = {n: t.clone() for n, t in source.items()}
     new["w"][::3] += 1
     new["v"][1:] -= 1
     data = encode_delta(new, {n: diff(source[n], new[n]) for n in source}, stream_id="s",
                         base_version=1, version=2)
-    # as on a GPU: the checks stay queued; here they report one failure the reference lacks
     monkeypatch.setattr(importlib.import_module("dte_codec.decode"), "batched", lambda d: True)
     fallbacks, original = [], QueuedChecks.settle
 
@@ -186,6 +184,15 @@ def test_a_delta_the_batched_decode_gives_way_on_is_staged_once(monkeypatch):
         return fallbacks[-1]
 
     monkeypatch.setattr(QueuedChecks, "settle", failing)
+    return data, new, fallbacks
+
+
+def test_a_delta_the_batched_decode_gives_way_on_is_staged_once(monkeypatch):
+    """Where the batched decode's checks fail and the entry-by-entry decode's pass, a
+    stage that reads the payload reads the entry-by-entry one: the delta is staged once
+    and applied bit for bit."""
+    source, receiver = seeded()
+    data, new, fallbacks = _delta_the_batched_decode_gives_way_on(monkeypatch, source)
     staged = []
 
     def stage(weights, payload):
@@ -197,5 +204,28 @@ def test_a_delta_the_batched_decode_gives_way_on_is_staged_once(monkeypatch):
     assert (True, 2) == (ack.accepted, ack.version)
     assert 1 == len(staged)
     assert any(fallback is not None for fallback in fallbacks)
+    assert all(torch.equal(new[n].view(torch.uint8), t.view(torch.uint8))
+               for n, t in receiver.weights.items())
+
+
+def test_a_stage_that_leaves_the_checks_unread_is_staged_again(monkeypatch):
+    """A stage that resolves the delta without reading the payload's queued checks (here
+    from another decode of other weights) is called again with the entry-by-entry
+    payload when the checks refuse the batched one: what is written is that payload's."""
+    source, receiver = seeded()
+    other = {n: t + 4 for n, t in source.items()}
+    unrelated = decode(encode_delta(other, {n: diff(source[n], other[n]) for n in source},
+                                    stream_id="s", base_version=1, version=2))
+    data, new, fallbacks = _delta_the_batched_decode_gives_way_on(monkeypatch, source)
+    staged = []
+
+    def stage(weights, payload):
+        staged.append(payload)
+        return by_name(weights, unrelated if len(staged) == 1 else payload)
+
+    receiver.stage = stage
+    ack = receiver.receive(data)
+    assert (True, 2) == (ack.accepted, ack.version)
+    assert [False, True] == [payload is fallbacks[-1] for payload in staged]
     assert all(torch.equal(new[n].view(torch.uint8), t.view(torch.uint8))
                for n, t in receiver.weights.items())

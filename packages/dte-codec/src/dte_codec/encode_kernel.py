@@ -36,10 +36,9 @@ import triton.language as tl
 
 from .change_table import ChangeTable
 from .dispatch import on_device
-from .encode_plan import Choice, Layout
+from .encode_plan import Choice, Escapes, Layout
 from .encodings import BITMAP, ELIAS_FANO, GAP8, RESIDUE
 from .fields import block_segments, host_table
-from .flat_encode import Escapes
 from .kernel_bits import (bit_length, column, load_uniform, order_key, owned_block, packs,
                           put_fields, put_packed, store_uniform, width_mask)
 

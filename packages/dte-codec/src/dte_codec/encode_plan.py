@@ -120,8 +120,25 @@ class Choice:
     COLUMNS = ("index_encoding", "value_encoding", "value_width")
 
     def columns(self) -> np.ndarray:
-        """``COLUMNS`` as rows: what ranking escapes needs (``encode_kernel``)."""
+        """``COLUMNS`` as rows: what ranking escapes needs (both flat encoders)."""
         return np.stack([self.index.encoding, self.value.encoding, self.value.width])
+
+
+@attrs.frozen(eq=False)
+class Escapes:
+    """The escapes' ranks that a flat encoder's ``count_escapes`` counted, in that
+    encoder's form, for its ``write``: the order of the two steps travels as this value,
+    not as state left on the encoder."""
+
+    encoder: object
+    """The flat encoder (``flat_encode.TorchFlat`` or ``encode_kernel.FusedFlat``)."""
+    ranks: tuple[torch.Tensor, torch.Tensor]
+
+    def ranks_for(self, encoder: object) -> tuple[torch.Tensor, torch.Tensor]:
+        """``ranks``, which only the encoder that counted them can read (an internal
+        invariant of the two steps: no input of a caller's reaches it)."""
+        assert encoder is self.encoder, "escapes counted by another encoder"
+        return self.ranks
 
 
 @attrs.frozen

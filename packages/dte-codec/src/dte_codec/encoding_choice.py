@@ -17,8 +17,9 @@ import numpy as np
 import torch
 
 from .bits import BYTE_BITS, ceil_bytes
-from .encodings import (BITMAP, ELIAS_FANO, GAP8, INDEX32_LIMIT, INT32, INT64, RAW, RESIDUE,
-                        RESIDUE_DTYPES, IndexEncoding, ValueEncoding, index_itemsizes)
+from .encodings import (BITMAP, ELIAS_FANO, GAP8, INDEX32_LIMIT, INDEX_ENCODINGS, INT32, INT64,
+                        RAW, RESIDUE, RESIDUE_DTYPES, IndexEncoding, ValueEncoding,
+                        index_itemsizes)
 
 _NONE = np.iinfo(np.int64).max
 """The size of a candidate that is not allowed."""
@@ -175,7 +176,7 @@ def choose_indices(count: int, numel: int, *, gap_escapes: int) -> dict[str, obj
     (``choose_index_encodings``)."""
     c = choose_index_encodings(np.array([count]), np.array([numel]),
                                gap_escapes=np.array([gap_escapes]))
-    return {"index_encoding": IndexEncoding(int(c.encoding[0])), "index_width": int(c.width[0]),
+    return {"index_encoding": INDEX_ENCODINGS[int(c.encoding[0])], "index_width": int(c.width[0]),
             "index_escapes": int(c.escapes[0])}
 
 

@@ -38,7 +38,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
-import attrs
 import numpy as np
 import torch
 
@@ -46,7 +45,7 @@ from .bits import BYTE_BITS, bit_length, order_keys_by_width, width_mask
 from .body_digest import body_digest
 from .change_table import ChangeTable, Members, bounds_fit, change_counts, parts
 from .dispatch import fused
-from .encode_plan import Choice, Layout, prepare
+from .encode_plan import Choice, Escapes, Layout, prepare
 from .encodings import BITMAP, ELIAS_FANO, GAP8, RESIDUE, RESIDUE_DTYPES, Kind
 from .errors import EncodeError
 from .fields import Body, Segments, host_table
@@ -138,21 +137,6 @@ def _flat(known: TensorSet, rows: np.ndarray, counts: np.ndarray,
     if not bounds_fit([known.table.dtypes[r] for r in picked], counts[rows].tolist(), todo):
         return None
     return TorchFlat.gather(weights, todo, device)
-
-
-@attrs.frozen(eq=False)
-class Escapes:
-    """The escapes' ranks that a flat encoder's ``count_escapes`` counted, in that
-    encoder's form, for its ``write``: the order of the two steps travels as this value,
-    not as state left on the encoder."""
-
-    encoder: TorchFlat | FusedFlat
-    ranks: tuple[torch.Tensor, torch.Tensor]
-
-    def ranks_for(self, encoder: TorchFlat | FusedFlat) -> tuple[torch.Tensor, torch.Tensor]:
-        """``ranks``, which only the encoder that counted them can read."""
-        assert encoder is self.encoder, "escapes counted by another encoder"
-        return self.ranks
 
 
 class TorchFlat:

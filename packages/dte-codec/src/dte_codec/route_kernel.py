@@ -9,13 +9,14 @@ Per entry the ``entries`` table holds the address and item size of its index ten
 item size of its values, its source tensor's element count and two inner sizes (its shape
 right-aligned to three dimensions; the outer coordinate follows from them) and its run of
 transfers in the ``transfers`` table; per transfer: its target tensor, its source box per
-dimension and the affine map to the target's flat index (``remap._affine``). An entry whose transfers
-split its tensor along one dimension has a lookup (``routes.Routes``): its element reads
-its transfer there; the others compare the element with each of their boxes. ``_route`` writes per
-element the byte address of its target element (0: no local piece holds it) and reads the
-value there into the entry's value buffer (0 where unrouted: the +0.0 base), and counts
-indices outside their tensor and elements that two transfers reach (the caller falls
-back to the reference for both). ``_move`` writes values at those addresses.
+dimension and the affine map to the target's flat index (``remap._affine``). An entry
+whose transfers split its tensor along one dimension has a lookup (``routes.Routes``): its
+element reads its transfer there; the others compare the element with each of their boxes.
+``_route`` writes per element the byte address of its target element (0: no local piece
+holds it) and reads the value there into the entry's value buffer (0 where unrouted: the
++0.0 base), and counts indices outside their tensor and elements that two transfers reach
+(the caller falls back to the reference for both). ``_move`` writes values at those
+addresses.
 """
 
 from __future__ import annotations
@@ -24,21 +25,25 @@ import triton
 import triton.language as tl
 
 from .kernel_bits import column, load_uniform, owned_block, store_uniform
+from .routes import SOURCE_COLUMNS
 
 BLOCK = 512
 """Elements per program (``tools/gpu/tune_receive.py``: 512 edged out 1,024 for ``_route``
 in three runs, ``_move`` alike)."""
 WARPS = 4
-# columns of the per-entry table: the payload's from FIRST_BLOCK to ITEMSIZE, the source
-# tensor's from NUMEL to INNER (``routes.Routes.source_columns``), the payload's again
-# from ELEMENTS
+ENTRY_COLUMNS = ("first_block", "index_at", "index_size", "itemsize", *SOURCE_COLUMNS,
+                 "elements", "blocks")
+"""The per-entry table's rows (``routes._Moves.of``): the payload's, the source tensor's
+(``routes.Routes.source_columns``), the payload's again."""
 (FIRST_BLOCK, INDEX_AT, INDEX_SIZE, ITEMSIZE, NUMEL, FIRST, COUNT, LOOKUP_AT, LOOKUP_DIM, MIDDLE,
- INNER, ELEMENTS) = (tl.constexpr(c) for c in range(12))
+ INNER, ELEMENTS) = (tl.constexpr(ENTRY_COLUMNS.index(c)) for c in (
+    "first_block", "index_at", "index_size", "itemsize", "numel", "first", "count",
+    "lookup_at", "lookup_dim", "middle", "inner", "elements"))
 # columns of the per-transfer table (then per dimension its weight, low and high bound)
 TENSOR, SHIFT, AFFINE = (tl.constexpr(c) for c in range(3))
 DIMS = tl.constexpr(3)
 """Source dimensions a route reads (shapes right-aligned to three)."""
-BLOCKS = ELEMENTS.value + 1  # host-only
+BLOCKS = ENTRY_COLUMNS.index("blocks")  # host-only
 # the flags ``_route`` counts
 OUT_OF_RANGE, TWICE = (tl.constexpr(c) for c in range(2))
 

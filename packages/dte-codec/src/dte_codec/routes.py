@@ -42,6 +42,10 @@ _NARROW = 2**31
 """Source tensors below this many elements take 32-bit coordinates."""
 _FLAGS = 2
 """``route_kernel``'s flags: indices out of range, elements routed twice."""
+SOURCE_COLUMNS = ("numel", "first", "count", "lookup_at", "lookup_dim", "middle", "inner")
+"""``Routes.source_columns``' rows, in ``route_kernel``'s entry table order: the source
+tensor's element count, its run of transfers, its lookup and its two inner sizes (the
+outer coordinate follows from them)."""
 
 
 @attrs.frozen
@@ -137,9 +141,8 @@ class Routes:
         return all(name in self.sources for name in names)
 
     def source_columns(self, names: tuple[str, ...]) -> np.ndarray:
-        """``route_kernel``'s entry columns NUMEL to INNER of each source tensor of
-        ``names`` (columns x names; read-only: a stream's deltas, which name the same
-        tensors, get the same array)."""
+        """``SOURCE_COLUMNS`` of each source tensor of ``names`` (columns x names;
+        read-only: a stream's deltas, which name the same tensors, get the same array)."""
         columns = self._columns.get(names)
         if columns is not None:
             return columns
@@ -147,9 +150,10 @@ class Routes:
         missing = [name for name in names if name not in rows]
         for name in missing:
             s = self.sources[name]
-            # the outer size is not read: the coordinates follow from the inner two
-            rows[name] = np.array([s.numel, s.first, s.count, s.lookup_at, s.lookup_dim,
-                                   *s.sizes[1:]], dtype=np.int64)
+            found = {"numel": s.numel, "first": s.first, "count": s.count,
+                     "lookup_at": s.lookup_at, "lookup_dim": s.lookup_dim,
+                     "middle": s.sizes[1], "inner": s.sizes[2]}
+            rows[name] = np.array([found[c] for c in SOURCE_COLUMNS], dtype=np.int64)
         columns = np.stack([rows[name] for name in names], axis=1)
         columns.flags.writeable = False
         self._columns.clear()
@@ -283,7 +287,7 @@ class _Moves:
         table, gathered_at, flags = host_tables([np.concatenate([
             np.stack([np.cumsum(blocks) - blocks, sparse.index_at, sparse.index_size,
                       itemsize]),  # FIRST_BLOCK .. ITEMSIZE
-            routes.source_columns(sparse.names),  # NUMEL .. INNER
+            routes.source_columns(sparse.names),  # SOURCE_COLUMNS
             np.stack([counts, blocks])]),  # ELEMENTS, BLOCKS
             (gathered.data_ptr() + offsets)[None], np.zeros(_FLAGS, dtype=np.int64)], device)
         total_blocks = int(blocks.sum())

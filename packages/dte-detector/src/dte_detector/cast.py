@@ -27,12 +27,11 @@ import torch
 
 from . import dispatch, layout
 from .changes import ChangeRun, ChangeSet, FlatChanges, index_dtype, int_bits
+from .errors import ResizedError
 
 
 _MAP_ALIGN = 16
 """Bytes: where the fused kernels' dirty maps start."""
-_REFERENCE = "reference"
-"""``layout.Layout.routes``: the tensors ``_record`` takes."""
 
 
 def _route(master: torch.Tensor, model: torch.Tensor) -> torch.device | str:
@@ -41,7 +40,7 @@ def _route(master: torch.Tensor, model: torch.Tensor) -> torch.device | str:
             and master.numel() == model.numel() and master.device == model.device
             and dispatch.kernels_for(master, model, payload=model.dtype)):
         return model.device
-    return _REFERENCE
+    return layout.REFERENCE
 
 
 def _pack(mask: torch.Tensor) -> torch.Tensor:
@@ -107,10 +106,14 @@ class CastDetector:
         names = list(pairs)
         flat = list(itertools.chain.from_iterable(pairs.values()))
         masters, models = flat[::2], flat[1::2]
-        kept = self._kept = layout.keep(
+        kept = layout.keep(
             self._kept, layout.signature(flat, flat, names, list(map(layout.DTYPE, flat))),
             lambda: map(_route, masters, models), kinds=2)
-        for at in kept.routes.get(_REFERENCE, ()):
+        if kept is not self._kept:  # sizes may have changed: before anything is written
+            for name, model in zip(names, models):
+                self._check_map(name, model.numel())
+            self._kept = kept
+        for at in kept.routes.get(layout.REFERENCE, ()):
             self._record(names[at], masters[at], models[at])
             if copy:
                 models[at].copy_(masters[at])
@@ -151,6 +154,12 @@ class CastDetector:
         else:  # after a clear: the same maps, zeroed
             self._dirty.update(maps.by_name)
         return maps.per_tensor
+
+    def _check_map(self, name: str, numel: int) -> None:
+        """``name``'s dirty map of this interval, if any, fits ``numel`` elements."""
+        dirty = self._dirty.get(name)
+        if dirty is not None and dirty.numel() != -(-numel // 8):
+            raise ResizedError(name, numel=numel, map_bytes=dirty.numel())
 
     def _new_dirty_maps(self, models: Mapping[str, torch.Tensor]) -> list[torch.Tensor]:
         """Zeroed dirty maps for ``models`` (of one device), views of one allocation, each
@@ -217,5 +226,5 @@ class CastDetector:
         self._first_seen.clear()
         self._runs.clear()
         self._fused_passes = 0
-        if self._maps is not None:
+        if self._maps is not None and self._maps.zeroed:
             torch._foreach_zero_(self._maps.zeroed)

@@ -35,6 +35,17 @@ class StepGapError(DetectorError, ValueError):
                          "the inversion covers exactly one step, sync this version in full")
 
 
+class ResizedError(DetectorError, ValueError):
+    """A tensor recorded by a ``CastDetector`` changed its size before the interval's
+    ``clear``: its dirty bits no longer say which elements changed."""
+
+    def __init__(self, tensor: str, *, numel: int, map_bytes: int):
+        self.tensor, self.numel, self.map_bytes = tensor, numel, map_bytes
+        super().__init__(f"tensor {tensor!r}: {numel} elements, but its dirty map of this "
+                         f"interval holds {map_bytes} bytes (resized since it was first "
+                         "recorded); sync it in full and clear the detector first")
+
+
 class NoReferenceError(DetectorError, KeyError):
     """A snapshot diff was asked for a tensor that has no retained copy."""
 

@@ -21,9 +21,8 @@ from .changes import ChangeRun, ChangeSet
 from .errors import PrecisionError, StepGapError
 from .inversion import GUARD_ULPS, AdamWStep
 
-_EMPTY, _REFERENCE = "empty", "reference"
-"""``layout.Layout.routes``: skipped tensors (no step since the reference) and empty
-ones; tensors the torch reference inverts."""
+_EMPTY = "empty"
+"""``layout.Layout.routes``: skipped tensors (no step since the reference) and empty ones."""
 
 
 class Inverter:
@@ -46,12 +45,12 @@ class Inverter:
             _raise_first(names, states, hypers, previous)
         # every dtype is fp32 here: only the payload dtypes can change a route
         kept = self._kept = layout.keep(
-            self._kept, layout.signature(flat, flat[::3], moved, list(dtypes)),
+            self._kept, layout.signature(flat, flat, moved, list(dtypes)),
             lambda: _routes(states, moved, dtypes), kinds=3)
         found: list[ChangeSet | None] = [None] * len(states)
         for at in kept.routes.get(_EMPTY, ()):
             found[at] = ChangeSet.empty(states[at][0], dtype=dtypes[at])
-        for at in kept.routes.get(_REFERENCE, ()):
+        for at in kept.routes.get(layout.REFERENCE, ()):
             p, m, v = states[at]
             # through the module: the reference is one function, wherever it is patched
             found[at] = inversion._invert_reference(
@@ -83,14 +82,16 @@ def _raise_first(names: Sequence[str],
 def _routes(states: Sequence[tuple[torch.Tensor, torch.Tensor, torch.Tensor]],
             moved: Sequence[int], dtypes: Sequence[torch.dtype]
             ) -> Iterator[torch.device | str]:
-    """Per tensor, the device whose kernels invert it, or its torch route."""
+    """Per tensor, the device whose kernels invert it, or its torch route (which also
+    takes moments of another size than their master, and raises as it does alone)."""
     for (p, m, v), stepped, dtype in zip(states, moved, dtypes):
         if not stepped or not p.numel():
             yield _EMPTY
-        elif dispatch.kernels_for(p, m, v, payload=dtype):
+        elif p.numel() == m.numel() == v.numel() and dispatch.kernels_for(p, m, v,
+                                                                           payload=dtype):
             yield p.device
         else:
-            yield _REFERENCE
+            yield layout.REFERENCE
 
 
 def _invert_fused(fused: layout.Fused,

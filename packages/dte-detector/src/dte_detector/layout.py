@@ -24,13 +24,15 @@ from . import batch, dispatch
 
 T = TypeVar("T")
 DTYPE = operator.attrgetter("dtype")
+REFERENCE = "reference"
+"""``Layout.routes``: the tensors the torch reference takes."""
 
 
 def signature(tensors: Sequence[torch.Tensor], sized: Sequence[torch.Tensor],
               *more: object) -> tuple:
     """What a layout of ``tensors`` (every tensor of a call, its kinds interleaved) depends
-    on: their addresses and contiguity, the sizes of ``sized``, whether the torch
-    reference is forced and ``more`` (what else the caller's routes read). The devices
+    on, in this order: their addresses and contiguity, the sizes of ``sized``, whether the
+    torch reference is forced and ``more`` (what else the caller's routes read). The devices
     follow from the addresses (CUDA's unified addressing gives each device and the host
     address ranges of their own); a caller whose routes read dtypes passes them."""
     return (list(map(torch.Tensor.data_ptr, tensors)),
@@ -92,7 +94,7 @@ def keep(kept: Layout | None, found: tuple,
     for at, route in enumerate(routes()):
         (fused if isinstance(route, torch.device) else other).setdefault(route, []).append(at)
         count += 1
-    contiguous = found[1]
+    _, contiguous, *_ = found
     return Layout(found, other, [
         Fused(positions, len(positions) == count,
               all(contiguous[kinds * at + k] for at in positions for k in range(kinds)))

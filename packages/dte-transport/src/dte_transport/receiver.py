@@ -17,9 +17,10 @@ log = logging.getLogger(__name__)
 
 Stage = Callable[[Mapping[str, torch.Tensor], Payload], Prepared]
 """Checks a decoded payload against the live tensors and resolves it, writing nothing.
-It reads the payload through ``indices``, ``values`` and ``flat``, which are the entry by
-entry decode's where the batched decode gave way (``Payload.settled``), so a payload is
-staged once either way."""
+A stage that reads the payload through ``indices``, ``values`` or ``flat`` (``by_name``,
+``areal_dte.ShardStage``) gets the entry by entry decode's where the batched decode gave
+way (``Payload.settled``) and is called once; one that leaves the queued checks unread
+is called again with that payload."""
 
 
 def by_name(weights: Mapping[str, torch.Tensor], payload: Payload) -> Prepared:
@@ -90,7 +91,10 @@ class Receiver:
             except CodecError:
                 payload.settled()  # a bad payload is refused as such, before a misfit
                 raise
-            payload.settled()  # read where the stage did not read it
+            unread = payload.checks is not None
+            settled = payload.settled()
+            if unread and settled is not payload:  # staged on what the checks refused
+                prepared = self.stage(self.weights, settled)
             prepared.write(check=check)
         except _DigestMismatch as exc:
             if header.kind == Kind.FULL:
