@@ -143,7 +143,7 @@ class ChangeTable:
                           high.data_ptr()]
                 keep.append((indices, low, high))
         if at:
-            columns[:, at] = np.array(found, np.int64).reshape(-1, 4).T
+            columns[:, at] = np.array(found, np.int64).reshape(-1, len(cls.COLUMNS)).T
         return cls(columns, tuple(keep))
 
 
