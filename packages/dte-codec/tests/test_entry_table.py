@@ -15,7 +15,7 @@ from dte_codec.entry_table import EXACT_NUMEL, EntryTable, Sections
 from dte_codec.errors import HeaderError
 from dte_codec.header import _Reader, Header
 from dte_codec.section_views import entry_sections
-from dte_codec.table_bytes import _pack_table, _read_table
+from dte_codec.table_bytes import pack_table, read_table
 
 SHAPES = [(), (0,), (1,), (5,), (3, 4), (7, 9, 11), (2**31,), (2**31 - 1,), (1,) * 16,
           (1,) * 17, (2**31, 2**31), (2**40,), (2**40 - 1,)]
@@ -97,12 +97,12 @@ def test_one_pass_reader_reads_what_the_field_by_field_reader_reads():
     """A packed table of many entries reads back to the same entries both ways."""
     rng = random.Random(7)
     entries = tuple(e for e in (_entry(rng) for _ in range(500)) if _passes(e, Kind.DELTA))
-    packed = _pack_table(entries)
+    packed = pack_table(entries)
     reader = _Reader(memoryview(packed), len(packed))
     assert entries == tuple(reader.entry() for _ in entries)
-    assert entries == _read_table(packed, len(entries))
-    assert _read_table(packed[:-1], len(entries)) is None
-    assert _read_table(packed + b"\0", len(entries)) is None
+    assert entries == read_table(packed, len(entries))
+    assert read_table(packed[:-1], len(entries)) is None
+    assert read_table(packed + b"\0", len(entries)) is None
 
 
 def test_sections_are_the_same_bytes_in_one_segment_or_many():

@@ -17,7 +17,7 @@ from dte_codec.entry import Entry
 from dte_codec.entry_pack import FIELDS, EntryTemplates
 from dte_codec.header import NO_BASE
 from dte_codec.parts import assemble, dense_part
-from dte_codec.table_bytes import _pack_entries
+from dte_codec.table_bytes import pack_entries
 from dte_codec.tensor_set import tensor_set
 
 
@@ -130,7 +130,7 @@ def test_entry_templates_pack_what_the_header_packs():
     for name in FIELDS.names:
         if name != "reserved":
             fields[name] = [int(getattr(e, name)) for e in entries]
-    assert _pack_entries(tuple(entries)) == templates.pack(np.array([0, 2, 3]), fields)
+    assert pack_entries(tuple(entries)) == templates.pack(np.array([0, 2, 3]), fields)
     assert b"" == templates.pack(np.array([], np.int64), fields[:0])
 
 

@@ -35,9 +35,9 @@ import torch
 
 from .fields import batched
 from .geometry import Transfer
-from .remap import Remapped, _check_boxes, _check_index_type, _check_range, remap
-from .remap_layout import Target, _geometry, _Group, _Layout
-from .remap_pairs import _INT64, _out_of_range_any, _pairs, _reorder, _split
+from .remap import Remapped, check_boxes, check_index_type, check_range, remap
+from .remap_layout import Group, RemapLayout, Target, item_geometry
+from .remap_pairs import INT64_DTYPE, find_pairs, out_of_range_any, reorder, split_pairs
 
 
 @attrs.frozen
@@ -80,15 +80,15 @@ def remap_flat(items: Sequence[RemapItem]) -> list[dict[Target, Remapped]]:
         GeometryError: as ``remap`` would for an item it rejects.
     """
     for item in items:
-        _check_index_type(item.indices, item.tensor)
-        _check_boxes(item.transfers, item.source_shape, item.tensor)
+        check_index_type(item.indices, item.tensor)
+        check_boxes(item.transfers, item.source_shape, item.tensor)
     out: list[dict[Target, Remapped]] = [{} for _ in items]
     by_device: dict[torch.device, list[int]] = defaultdict(list)
     for k, item in enumerate(items):
         if item.transfers:
             by_device[item.indices.device].append(k)
         else:
-            _check_range(item.indices, item.source_shape, item.tensor)
+            check_range(item.indices, item.source_shape, item.tensor)
     for device, ks in by_device.items():
         for k, routed in zip(ks, _remap_on(device, [items[k] for k in ks])):
             out[k] = routed
@@ -98,22 +98,22 @@ def remap_flat(items: Sequence[RemapItem]) -> list[dict[Target, Remapped]]:
 def _remap_on(device: torch.device, items: list[RemapItem]) -> list[dict[Target, Remapped]]:
     by_signature: dict[tuple, list[int]] = defaultdict(list)
     for k, item in enumerate(items):
-        by_signature[_geometry(item.transfers, item.source_shape).signature].append(k)
+        by_signature[item_geometry(item.transfers, item.source_shape).signature].append(k)
     # Items are laid out group by group, so a group's elements are one slice.
     order = [k for ks in by_signature.values() for k in ks]
     ordered = [items[k] for k in order]
-    geometries = [_geometry(item.transfers, item.source_shape) for item in ordered]
+    geometries = [item_geometry(item.transfers, item.source_shape) for item in ordered]
     groups, first = [], 0
     for ks in by_signature.values():
-        groups.append(_Group(geometries[first], list(range(first, first + len(ks))),
-                             sum(items[k].indices.numel() for k in ks)))
+        groups.append(Group(geometries[first], list(range(first, first + len(ks))),
+                            sum(items[k].indices.numel() for k in ks)))
         first += len(ks)
-    flat = torch.cat([item.indices.to(_INT64) for item in ordered])
-    layout = _Layout.of(groups, geometries, [item.indices.numel() for item in ordered],
-                        device)
-    keyed, block_sizes = _reorder(_pairs(groups, flat, layout), layout)
-    routed = _split(keyed, block_sizes, _out_of_range_any(groups, flat), layout, ordered,
-                    geometries)
+    flat = torch.cat([item.indices.to(INT64_DTYPE) for item in ordered])
+    layout = RemapLayout.of(groups, geometries, [item.indices.numel() for item in ordered],
+                            device)
+    keyed, block_sizes = reorder(find_pairs(groups, flat, layout), layout)
+    routed = split_pairs(keyed, block_sizes, out_of_range_any(groups, flat), layout, ordered,
+                         geometries)
     out: list[dict[Target, Remapped]] = [{} for _ in items]
     for k, result in zip(order, routed):
         out[k] = result

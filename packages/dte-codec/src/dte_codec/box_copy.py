@@ -23,7 +23,7 @@ import torch
 from .dispatch import fused, on_device
 from .fields import WORD_BYTES, host_table
 from .region import Box
-from .remap import _strides
+from .remap import row_major_strides
 
 _DIMS = 3
 """Dimensions a copy has once size-1 ones are dropped and contiguous ones merged."""
@@ -180,7 +180,7 @@ def _copy_row(cut: Cut, tensor: int, itemsize: int, *, aligned: bool
     """The copy's unit (bytes per item moved), whether its rows are contiguous on both
     sides, its (outer, middle, length) in units and its row of the copy table
     (``box_copy_kernel``)."""
-    source_full, target_full = _strides(cut.shape), _strides(cut.local_shape)
+    source_full, target_full = row_major_strides(cut.shape), row_major_strides(cut.local_shape)
     sizes = [n for n in cut.inside.size if n != 1] or [1]
     source_strides = [s for n, s in zip(cut.inside.size, source_full) if n != 1] or [1]
     target_strides = [t for n, t in zip(cut.local.size, target_full) if n != 1] or [1]

@@ -86,41 +86,44 @@ class Entry:
 
     def validate(self, kind: Kind) -> None:
         """Check the entry's fields against each other; raise ``HeaderError`` naming the field."""
-        _check(self.name, "ndim", f"<= {MAX_NDIM}", len(self.shape), len(self.shape) <= MAX_NDIM)
-        _check(self.name, "numel", "< 2**62", self.numel, self.numel < SIZE_LIMIT)
-        _check(self.name, "count", f"<= numel {self.numel}", self.count, self.count <= self.numel)
+        check_field(self.name, "ndim", f"<= {MAX_NDIM}", len(self.shape),
+                    len(self.shape) <= MAX_NDIM)
+        check_field(self.name, "numel", "< 2**62", self.numel, self.numel < SIZE_LIMIT)
+        check_field(self.name, "count", f"<= numel {self.numel}", self.count,
+                    self.count <= self.numel)
         dense = self.index_encoding == IndexEncoding.DENSE
         block = dense or self.index_encoding == IndexEncoding.BOX
-        _check(self.name, "index_encoding", "DENSE or BOX in a full payload",
-               self.index_encoding.name, block or kind == Kind.DELTA)
-        _check(self.name, "count", f"numel {self.numel} for a dense entry", self.count,
-               not dense or self.count == self.numel)
-        _check(self.name, "count", ">= 1 for a sparse or box entry", self.count,
-               dense or self.count >= 1)
-        _check(self.name, "value_encoding", "RAW for a dense or box entry",
-               self.value_encoding.name, not block or self.value_encoding == ValueEncoding.RAW)
-        _check(self.name, "index_encoding", "INT64 for a tensor of >= 2**31 elements",
-               self.index_encoding.name,
-               self.index_encoding != IndexEncoding.INT32 or self.numel < INDEX32_LIMIT)
+        check_field(self.name, "index_encoding", "DENSE or BOX in a full payload",
+                    self.index_encoding.name, block or kind == Kind.DELTA)
+        check_field(self.name, "count", f"numel {self.numel} for a dense entry", self.count,
+                    not dense or self.count == self.numel)
+        check_field(self.name, "count", ">= 1 for a sparse or box entry", self.count,
+                    dense or self.count >= 1)
+        check_field(self.name, "value_encoding", "RAW for a dense or box entry",
+                    self.value_encoding.name, not block or self.value_encoding == ValueEncoding.RAW)
+        check_field(self.name, "index_encoding", "INT64 for a tensor of >= 2**31 elements",
+                    self.index_encoding.name,
+                    self.index_encoding != IndexEncoding.INT32 or self.numel < INDEX32_LIMIT)
         gap = self.index_encoding == IndexEncoding.GAP8
-        _check(self.name, "index_escapes", f"0..{self.count} (GAP8 only)", self.index_escapes,
-               self.index_escapes <= self.count and (gap or self.index_escapes == 0))
+        check_field(self.name, "index_escapes", f"0..{self.count} (GAP8 only)", self.index_escapes,
+                    self.index_escapes <= self.count and (gap or self.index_escapes == 0))
         ef = self.index_encoding == IndexEncoding.ELIAS_FANO
-        _check(self.name, "index_width", "0..62 (ELIAS_FANO only)", self.index_width,
-               self.index_width <= 62 and (ef or self.index_width == 0))
+        check_field(self.name, "index_width", "0..62 (ELIAS_FANO only)", self.index_width,
+                    self.index_width <= 62 and (ef or self.index_width == 0))
         self._validate_values()
 
     def _validate_values(self) -> None:
         residue = self.value_encoding == ValueEncoding.RESIDUE
-        _check(self.name, "value_encoding", "RAW for dtype " + str(self.dtype),
-               self.value_encoding.name, not residue or self.dtype in RESIDUE_DTYPES)
+        check_field(self.name, "value_encoding", "RAW for dtype " + str(self.dtype),
+                    self.value_encoding.name, not residue or self.dtype in RESIDUE_DTYPES)
         max_width = self.itemsize * 8 - 1
-        _check(self.name, "value_width", f"1..{max_width} (RESIDUE only)", self.value_width,
-               (1 <= self.value_width <= max_width) if residue else self.value_width == 0)
-        _check(self.name, "value_escapes", f"0..{self.count} (RESIDUE only)", self.value_escapes,
-               self.value_escapes <= self.count and (residue or self.value_escapes == 0))
+        check_field(self.name, "value_width", f"1..{max_width} (RESIDUE only)", self.value_width,
+                    (1 <= self.value_width <= max_width) if residue else self.value_width == 0)
+        check_field(self.name, "value_escapes", f"0..{self.count} (RESIDUE only)",
+                    self.value_escapes,
+                    self.value_escapes <= self.count and (residue or self.value_escapes == 0))
 
 
-def _check(tensor: str | None, field: str, expected: object, got: object, ok: bool) -> None:
+def check_field(tensor: str | None, field: str, expected: object, got: object, ok: bool) -> None:
     if not ok:
         raise HeaderError(field, expected=expected, got=got, tensor=tensor)

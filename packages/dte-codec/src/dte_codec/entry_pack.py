@@ -5,7 +5,7 @@ tensor, around the fields that change from sync to sync (encodings, widths, coun
 escapes). ``EntryTemplates`` packs every tensor's entry once with those fields zero; a
 sync joins the templates of the tensors it carries and writes all their fields with one
 numpy assignment, instead of packing an ``Entry`` per tensor. The bytes are
-``Header.pack``'s (``table_bytes._pack_entry``), which the codec tests compare.
+``Header.pack``'s (``table_bytes.pack_entry``), which the codec tests compare.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from .entry import Entry
-from .table_bytes import _NAME_LENGTH, _pack_entry
+from .table_bytes import NAME_LENGTH, pack_entry
 
 FIELDS = np.dtype([("index_encoding", "u1"), ("value_encoding", "u1"), ("index_width", "u1"),
                    ("value_width", "u1"), ("reserved", "<u2"), ("count", "<u8"),
@@ -31,10 +31,10 @@ class EntryTemplates:
 
     def __init__(self, names: Sequence[str], dtypes: Sequence[torch.dtype],
                  shapes: Sequence[tuple[int, ...]]):
-        self.templates = [_pack_entry(Entry(name=n, dtype=d, shape=tuple(s), count=0))
+        self.templates = [pack_entry(Entry(name=n, dtype=d, shape=tuple(s), count=0))
                           for n, d, s in zip(names, dtypes, shapes)]
         self.sizes = np.array([len(t) for t in self.templates], np.int64)
-        self.fields_at = np.array([_NAME_LENGTH.size + len(n.encode()) + _AFTER_NAME
+        self.fields_at = np.array([NAME_LENGTH.size + len(n.encode()) + _AFTER_NAME
                                    for n in names], np.int64)
 
     def pack(self, rows: np.ndarray, fields: np.ndarray) -> bytes:

@@ -27,8 +27,8 @@ import torch
 
 from .bits import BYTE_BITS
 from .dispatch import fused
-from .encodings import BITMAP as _BITMAP, ELIAS_FANO as _ELIAS_FANO, RESIDUE as _RESIDUE
-from .encodings import INDEX32_LIMIT, IndexEncoding, index_itemsizes
+from .encodings import (BITMAP, ELIAS_FANO, INDEX32_LIMIT, RESIDUE, IndexEncoding,
+                        index_itemsizes)
 from .fields import Segments, host_table, read_fields
 from .header import Header
 from .indices import GAP_ESCAPE, MAX_GAP_BYTE
@@ -122,7 +122,7 @@ class _Layout:
         # clamped to the entry's own sections: only entries that have the section use it
         return cls(c["index_encoding"], c["count"], c["numel"], c["index_width"],
                    c["index_escapes"], c["value_escapes"],
-                   (c["value_encoding"] == _RESIDUE) & (c["value_escapes"] > 0),
+                   (c["value_encoding"] == RESIDUE) & (c["value_escapes"] > 0),
                    offsets[head],
                    np.where(index_sections > 1, offsets[np.minimum(head + 1, end)],
                             offsets[head]),
@@ -133,10 +133,10 @@ class _Layout:
         element counts."""
         pick = IS_SPARSE[self.encoding]
         enc, numel, width = self.encoding[pick], self.numel[pick], self.width[pick]
-        is_ef = enc == _ELIAS_FANO
+        is_ef = enc == ELIAS_FANO
         stride = np.where(is_ef, width, _STRIDES[enc])
         limit = np.where(is_ef, self.count[pick] + ((np.maximum(numel, 1) - 1) >> width) + 1,
-                         np.where(enc == _BITMAP, numel, 0))
+                         np.where(enc == BITMAP, numel, 0))
         raw_bits = np.where(numel < INDEX32_LIMIT, 32, 64)
         rows = np.stack([enc, self.first[pick], stride, stride, self.second[pick], raw_bits,
                          width, numel, self.escapes[pick], limit])

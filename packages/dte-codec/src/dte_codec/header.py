@@ -18,11 +18,11 @@ import attrs
 import xxhash
 
 from .encodings import DTYPES, MAX_NDIM, SIZE_LIMIT, IndexEncoding, Kind, ValueEncoding, align
-from .entry import Entry, _check
+from .entry import Entry, check_field
 from .errors import DigestError, HeaderError
-from .table_bytes import (_DIM, _ENTRY_FIELDS, _NAME_LENGTH, TABLE_CACHE, _built, _by_skeleton,
-                          _entry_table, _keep_skeleton, _new_table, _pack_entries, _pack_table,
-                          _parsed_tables, _read_table)
+from .table_bytes import (DIM, ENTRY_FIELDS, NAME_LENGTH, TABLE_CACHE, built_tables, by_skeleton,
+                          cached_entry_table, keep_skeleton, new_table, pack_entries, pack_table,
+                          parsed_tables, read_table)
 
 if TYPE_CHECKING:
     import numpy as np
@@ -84,7 +84,7 @@ class Header:
     def _table(self) -> EntryTable:
         # a delta's table differs from sync to sync: remembering it would cost a hash per
         # entry and never hit
-        return (_entry_table if self.kind == Kind.FULL else _new_table)(self.entries)
+        return (cached_entry_table if self.kind == Kind.FULL else new_table)(self.entries)
 
     def skeleton(self) -> Skeleton | None:
         """The ``Skeleton`` this header's table was read through (the same object for
@@ -100,24 +100,24 @@ class Header:
 
     def validate(self) -> None:
         """Check header fields and every entry; raise ``HeaderError`` naming the field."""
-        _check(None, "stream_id", f"<= {MAX_NAME_BYTES} UTF-8 bytes",
-               len(self.stream_id.encode()), len(self.stream_id.encode()) <= MAX_NAME_BYTES)
-        _check(None, "payload_version", "0..2**63-1", self.payload_version,
-               isinstance(self.payload_version, numbers.Integral)
-               and 0 <= self.payload_version < 2**63)
+        check_field(None, "stream_id", f"<= {MAX_NAME_BYTES} UTF-8 bytes",
+                    len(self.stream_id.encode()), len(self.stream_id.encode()) <= MAX_NAME_BYTES)
+        check_field(None, "payload_version", "0..2**63-1", self.payload_version,
+                    isinstance(self.payload_version, numbers.Integral)
+                    and 0 <= self.payload_version < 2**63)
         if self.kind == Kind.FULL:
-            _check(None, "base_version", f"{NO_BASE} for a full payload", self.base_version,
-                   self.base_version == NO_BASE)
+            check_field(None, "base_version", f"{NO_BASE} for a full payload", self.base_version,
+                        self.base_version == NO_BASE)
         else:
-            _check(None, "base_version", f"0..{self.payload_version - 1} for a delta",
-                   self.base_version, isinstance(self.base_version, numbers.Integral)
-                   and 0 <= self.base_version < self.payload_version)
+            check_field(None, "base_version", f"0..{self.payload_version - 1} for a delta",
+                        self.base_version, isinstance(self.base_version, numbers.Integral)
+                        and 0 <= self.base_version < self.payload_version)
         if self.entries:  # an encoder checks its fields alone, then packs its own table
             self._table.validate(self.kind)
 
     def pack(self) -> bytes:
         """Header bytes with zero digest fields, padded to the body's alignment."""
-        table = (_pack_table if self.kind == Kind.FULL else _pack_entries)(self.entries)
+        table = (pack_table if self.kind == Kind.FULL else pack_entries)(self.entries)
         return pack_head(self, entries=len(self.entries), table=table,
                          body_size=self.body_size())
 
@@ -132,7 +132,7 @@ class Header:
         """Parse and validate ``head``, exactly the header bytes of a payload whose body
         (held elsewhere, e.g. on a device) has ``body_size`` bytes."""
         header, offset = _Reader(head, len(head) + body_size).header()
-        _check(None, "header bytes", offset, len(head), offset == len(head))
+        check_field(None, "header bytes", offset, len(head), offset == len(head))
         return header
 
 
@@ -176,8 +176,8 @@ class _Reader:
 
     def take(self, size: int, what: str) -> memoryview:
         end = self.pos + size
-        _check(None, what, f"{size} bytes at offset {self.pos}", f"{len(self.data)} bytes in all",
-               end <= len(self.data))
+        check_field(None, what, f"{size} bytes at offset {self.pos}",
+                    f"{len(self.data)} bytes in all", end <= len(self.data))
         chunk = self.data[self.pos:end]
         self.pos = end
         return chunk
@@ -199,14 +199,14 @@ class _Reader:
     def header(self) -> tuple[Header, int]:
         (magic, version, kind, reserved, length, n_entries, base, payload, body, _, n_stream, _
          ) = _PRELUDE.unpack(self.take(_PRELUDE.size, "prelude"))
-        _check(None, "magic", MAGIC, magic, magic == MAGIC)
-        _check(None, "codec_version", CODEC_VERSION, version, version == CODEC_VERSION)
-        _check(None, "reserved", 0, reserved, reserved == 0)
-        _check(None, "header_length", f"{_PRELUDE.size}..{len(self.data)}", length,
-               _PRELUDE.size <= length <= len(self.data))
+        check_field(None, "magic", MAGIC, magic, magic == MAGIC)
+        check_field(None, "codec_version", CODEC_VERSION, version, version == CODEC_VERSION)
+        check_field(None, "reserved", 0, reserved, reserved == 0)
+        check_field(None, "header_length", f"{_PRELUDE.size}..{len(self.data)}", length,
+                    _PRELUDE.size <= length <= len(self.data))
         total = align(length) + body
-        _check(None, "payload size", f"{total} bytes (header + body)", self.total,
-               total == self.total)
+        check_field(None, "payload size", f"{total} bytes (header + body)", self.total,
+                    total == self.total)
         stored = struct.unpack_from("<Q", self.data, DIGEST_OFFSET)[0]
         if stored != header_digest(self.data):
             raise DigestError("digest", expected=f"{header_digest(self.data):#018x}",
@@ -218,51 +218,51 @@ class _Reader:
         header = Header(stream_id=stream, kind=kind, base_version=base, payload_version=payload,
                         entries=entries)
         header.validate()
-        _check(None, "body_length", header.body_size(), body, header.body_size() == body)
+        check_field(None, "body_length", header.body_size(), body, header.body_size() == body)
         return header, align(length)
 
     def entries(self, count: int, kind: Kind) -> tuple[Entry, ...] | Entries:
         """The ``count`` entries filling the rest of a header of ``kind``. A full table
-        read before is taken from ``_parsed_tables`` (one dictionary look-up instead of
-        O(entries) work; one equal to a table this process built, from ``_built``). A
+        read before is taken from ``parsed_tables`` (one dictionary look-up instead of
+        O(entries) work; one equal to a table this process built, from ``built_tables``). A
         delta's table, new each sync (its counts move), is read through the skeleton of
         the stream's previous one, else field by field, its skeleton then kept."""
         table = bytes(self.data[self.pos:])
         if kind == Kind.DELTA:
-            entries = _by_skeleton(table, count)
+            entries = by_skeleton(table, count)
             if entries is None:
-                entries = _keep_skeleton(self._read(table, count), table)
+                entries = keep_skeleton(self._read(table, count), table)
         else:
             key = (table, count)
-            entries = _parsed_tables.get(key)
+            entries = parsed_tables.get(key)
             if entries is None:
                 read = self._read(table, count)
-                entries = _built.get(read, read)
-                if len(_parsed_tables) >= TABLE_CACHE:
-                    _parsed_tables.pop(next(iter(_parsed_tables)), None)  # oldest first
-                _parsed_tables[key] = entries
+                entries = built_tables.get(read, read)
+                if len(parsed_tables) >= TABLE_CACHE:
+                    parsed_tables.pop(next(iter(parsed_tables)), None)  # oldest first
+                parsed_tables[key] = entries
         self.pos = len(self.data)
         return entries
 
     def _read(self, table: bytes, count: int) -> tuple[Entry, ...]:
         """The entries of ``table``, read field by field (``HeaderError`` naming the first
         wrong one)."""
-        entries = _read_table(table, count)
+        entries = read_table(table, count)
         if entries is None:  # some field is wrong: the field by field reading names it
             entries = tuple(self.entry() for _ in range(count))
-            _check(None, "header_length", self.pos, len(self.data), self.pos == len(self.data))
+            check_field(None, "header_length", self.pos, len(self.data), self.pos == len(self.data))
         return entries
 
     def entry(self) -> Entry:
-        (n_name,) = _NAME_LENGTH.unpack(self.take(_NAME_LENGTH.size, "entry name length"))
+        (n_name,) = NAME_LENGTH.unpack(self.take(NAME_LENGTH.size, "entry name length"))
         name = self.text(n_name, "entry name")
         (dtype, ndim, index_enc, value_enc, index_width, value_width, reserved, count,
-         index_esc, value_esc) = _ENTRY_FIELDS.unpack(self.take(_ENTRY_FIELDS.size, "entry fields"))
-        _check(name, "dtype", f"one of {sorted(DTYPES)}", dtype, dtype in DTYPES)
-        _check(name, "reserved", 0, reserved, reserved == 0)
-        _check(name, "ndim", f"<= {MAX_NDIM}", ndim, ndim <= MAX_NDIM)
-        shape = tuple(_DIM.unpack(self.take(_DIM.size, "shape"))[0] for _ in range(ndim))
-        _check(name, "shape", "dimensions < 2**62", shape, all(d < SIZE_LIMIT for d in shape))
+         index_esc, value_esc) = ENTRY_FIELDS.unpack(self.take(ENTRY_FIELDS.size, "entry fields"))
+        check_field(name, "dtype", f"one of {sorted(DTYPES)}", dtype, dtype in DTYPES)
+        check_field(name, "reserved", 0, reserved, reserved == 0)
+        check_field(name, "ndim", f"<= {MAX_NDIM}", ndim, ndim <= MAX_NDIM)
+        shape = tuple(DIM.unpack(self.take(DIM.size, "shape"))[0] for _ in range(ndim))
+        check_field(name, "shape", "dimensions < 2**62", shape, all(d < SIZE_LIMIT for d in shape))
         return Entry(name=name, dtype=DTYPES[dtype], shape=shape, count=count,
                      index_encoding=self.enum(IndexEncoding, index_enc, "index_encoding", name),
                      index_width=index_width, index_escapes=index_esc,

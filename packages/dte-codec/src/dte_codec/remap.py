@@ -47,10 +47,10 @@ def remap(transfers: Sequence[Transfer], source_shape: Sequence[int], indices: t
             or a transfer's box lies outside its source or target tensor.
     """
     shape = tuple(source_shape)
-    _check_index_type(indices, tensor)
-    _check_boxes(transfers, shape, tensor)
+    check_index_type(indices, tensor)
+    check_boxes(transfers, shape, tensor)
     if not transfers:
-        _check_range(indices, shape, tensor)
+        check_range(indices, shape, tensor)
         return {}
     table = _table(tuple(transfers), shape, indices.device)
     coords = _unravel(indices.to(torch.int64), shape)
@@ -59,10 +59,10 @@ def remap(transfers: Sequence[Transfer], source_shape: Sequence[int], indices: t
     key = table.sort_key(flat, which)
     bounds = table.group_starts
     # One host sync in the common case: range check, order check and group sizes together.
-    flags = torch.stack([_out_of_range(indices, shape), _unsorted(key)]).to(torch.int64)
+    flags = torch.stack([out_of_range_flag(indices, shape), _unsorted(key)]).to(torch.int64)
     summary = torch.cat([flags, torch.searchsorted(key, bounds)]).tolist()
     if summary[0]:
-        _check_range(indices, shape, tensor)
+        check_range(indices, shape, tensor)
     starts = summary[2:]
     if summary[1]:
         order = torch.argsort(key)
@@ -88,7 +88,7 @@ def copy_slices(transfers: Sequence[Transfer], source_tensor: torch.Tensor,
         GeometryError: a target tensor is missing or has another shape than the plan's,
             or a box lies outside its tensor.
     """
-    _check_boxes(transfers, tuple(source_tensor.shape), tensor)
+    check_boxes(transfers, tuple(source_tensor.shape), tensor)
     for transfer in transfers:
         target = target_tensors.get(transfer.target)
         name = f"rank {transfer.target_rank} {transfer.target_tensor}"
@@ -103,13 +103,13 @@ def copy_slices(transfers: Sequence[Transfer], source_tensor: torch.Tensor,
         view.copy_(source_tensor[transfer.source_box.slices()].view(view.shape))
 
 
-def _check_index_type(indices: torch.Tensor, tensor: str) -> None:
+def check_index_type(indices: torch.Tensor, tensor: str) -> None:
     if indices.dim() != 1 or indices.dtype not in (torch.int32, torch.int64):
         raise GeometryError("indices", tensor=tensor, expected="a 1-D int32 or int64 tensor",
                             got=f"{indices.dim()}-D {indices.dtype}")
 
 
-def _out_of_range(indices: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
+def out_of_range_flag(indices: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
     """A 0-d bool tensor (no host sync): some index lies outside the source tensor."""
     if indices.numel() == 0:
         return torch.zeros((), dtype=torch.bool, device=indices.device)
@@ -124,7 +124,7 @@ def _unsorted(key: torch.Tensor) -> torch.Tensor:
     return (key[1:] <= key[:-1]).any()
 
 
-def _check_range(indices: torch.Tensor, shape: tuple[int, ...], tensor: str) -> None:
+def check_range(indices: torch.Tensor, shape: tuple[int, ...], tensor: str) -> None:
     if indices.numel() == 0:
         return
     low, high = (int(v) for v in torch.aminmax(indices))
@@ -134,7 +134,7 @@ def _check_range(indices: torch.Tensor, shape: tuple[int, ...], tensor: str) -> 
                             got=f"[{low}, {high}]")
 
 
-def _check_boxes(transfers: Sequence[Transfer], shape: tuple[int, ...], tensor: str) -> None:
+def check_boxes(transfers: Sequence[Transfer], shape: tuple[int, ...], tensor: str) -> None:
     for transfer in transfers:
         if not transfer.source_box.inside(shape):
             raise GeometryError("source box", tensor=tensor, expected=f"inside {shape}",
@@ -145,7 +145,7 @@ def _check_boxes(transfers: Sequence[Transfer], shape: tuple[int, ...], tensor: 
                                 got=str(transfer.target_box))
 
 
-def _strides(shape: Sequence[int]) -> list[int]:
+def row_major_strides(shape: Sequence[int]) -> list[int]:
     strides, step = [], 1
     for size in reversed(shape):
         strides.append(step)
@@ -155,7 +155,7 @@ def _strides(shape: Sequence[int]) -> list[int]:
 
 def _unravel(flat: torch.Tensor, shape: tuple[int, ...]) -> list[torch.Tensor]:
     """Per dimension, the row-major coordinate of each flat index."""
-    return [(flat // stride) % size for stride, size in zip(_strides(shape), shape)]
+    return [(flat // stride) % size for stride, size in zip(row_major_strides(shape), shape)]
 
 
 PerTransfer = int | torch.Tensor
@@ -218,7 +218,7 @@ def _table(transfers: tuple[Transfer, ...], shape: tuple[int, ...],
     for key in keys:
         starts.append(starts[-1] + math.prod(shapes[key]))
     start_of = dict(zip(keys, starts))
-    affine = [_affine(t) for t in transfers]
+    affine = [affine_map(t) for t in transfers]
 
     bounds = []
     for d, size in enumerate(shape):
@@ -245,11 +245,11 @@ def _column(values: list[int], device: torch.device) -> torch.Tensor:
     return torch.tensor(values, dtype=torch.int64, device=device)[:, None]
 
 
-def _affine(transfer: Transfer) -> tuple[int, tuple[int, ...]]:
+def affine_map(transfer: Transfer) -> tuple[int, tuple[int, ...]]:
     """The target flat index of the box's first element, and per source dimension the
     target stride its offset moves by (the k-th non-singleton source dimension is the
     k-th non-singleton target dimension; singleton ones never move)."""
-    strides = _strides(transfer.target_shape)
+    strides = row_major_strides(transfer.target_shape)
     target_dims = [d for d, n in enumerate(transfer.target_box.size) if n != 1]
     weights = [0] * len(transfer.source_box.size)
     source_dims = [d for d, n in enumerate(transfer.source_box.size) if n != 1]

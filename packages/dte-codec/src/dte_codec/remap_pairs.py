@@ -14,16 +14,16 @@ import torch
 
 from .encodings import INDEX32_LIMIT
 from .fields import host_table
-from .remap import Remapped, _check_range, _out_of_range, _strides
-from .remap_layout import (_BLOCK_BASE, _BLOCK_IN_ITEM_ORDER, _BLOCK_IN_PAIR_ORDER, _BLOCK_SEGMENT,
-                           _BLOCK_SEGMENT_START, _ELEMENT_START, _ELEMENTS, _ITEM_ELEMENT_START,
-                           _ITEMS, _MASK_START, _SHAPE, _SLOT_BASE, Target, _exclusive, _Geometry,
-                           _Group, _Layout)
+from .remap import Remapped, check_range, out_of_range_flag, row_major_strides
+from .remap_layout import (BLOCK_BASE, BLOCK_IN_ITEM_ORDER, BLOCK_IN_PAIR_ORDER, BLOCK_SEGMENT,
+                           BLOCK_SEGMENT_START, ELEMENT_START, ELEMENTS, ITEM_ELEMENT_START,
+                           ITEMS, MASK_START, SHAPE, SLOT_BASE, Group, ItemGeometry, RemapLayout,
+                           Target, exclusive)
 
 if TYPE_CHECKING:
     from .batched_remap import RemapItem
 
-_INT64 = torch.int64
+INT64_DTYPE = torch.int64
 
 
 @attrs.frozen
@@ -38,7 +38,7 @@ class _Pairs:
     target_flat: torch.Tensor
 
 
-def _pairs(groups: list[_Group], flat: torch.Tensor, layout: _Layout) -> _Pairs:
+def find_pairs(groups: list[Group], flat: torch.Tensor, layout: RemapLayout) -> _Pairs:
     mask = torch.empty(layout.group_mask_start[-1], dtype=torch.bool, device=flat.device)
     start = 0
     for g, group in enumerate(groups):
@@ -47,27 +47,27 @@ def _pairs(groups: list[_Group], flat: torch.Tensor, layout: _Layout) -> _Pairs:
                 view.view(len(group.geometry.transfers), group.elements))
         start += group.elements
     at = mask.nonzero().view(-1)  # host synchronization 1
-    g = torch.searchsorted(layout.groups[_MASK_START], at, right=True) - 1
+    g = torch.searchsorted(layout.groups[MASK_START], at, right=True) - 1
 
     def per_group(row: int) -> torch.Tensor:
         return layout.groups[row].index_select(0, g)
 
-    rest = at - per_group(_MASK_START)
-    elements = per_group(_ELEMENTS)
+    rest = at - per_group(MASK_START)
+    elements = per_group(ELEMENTS)
     slot = rest // elements
-    element = rest - slot * elements + per_group(_ELEMENT_START)
-    item = torch.searchsorted(layout.items[_ITEM_ELEMENT_START], element, right=True) - 1
-    block = per_group(_BLOCK_BASE) + slot * per_group(_ITEMS) + item
+    element = rest - slot * elements + per_group(ELEMENT_START)
+    item = torch.searchsorted(layout.items[ITEM_ELEMENT_START], element, right=True) - 1
+    block = per_group(BLOCK_BASE) + slot * per_group(ITEMS) + item
     source = flat.index_select(0, element)
-    global_slot = per_group(_SLOT_BASE) + slot
+    global_slot = per_group(SLOT_BASE) + slot
     target = layout.slots[0].index_select(0, global_slot)
     for d in range(layout.dims):
-        coord = (source // per_group(_SHAPE + d)) % per_group(_SHAPE + layout.dims + d)
+        coord = (source // per_group(SHAPE + d)) % per_group(SHAPE + layout.dims + d)
         target += coord * layout.slots[1 + d].index_select(0, global_slot)
     return _Pairs(element=element, item=item, block=block, target_flat=target)
 
 
-def _select(group: _Group, indices: torch.Tensor, out: torch.Tensor) -> None:
+def _select(group: Group, indices: torch.Tensor, out: torch.Tensor) -> None:
     """Write into ``out`` (slots x elements) whether each slot's source box holds each of
     the group's elements; only dimensions that some box does not span are compared."""
     if group.elements == 0:
@@ -75,7 +75,7 @@ def _select(group: _Group, indices: torch.Tensor, out: torch.Tensor) -> None:
     shape = group.geometry.signature[0]
     transfers = group.geometry.transfers
     mask = None
-    for d, (stride, size) in enumerate(zip(_strides(shape), shape)):
+    for d, (stride, size) in enumerate(zip(row_major_strides(shape), shape)):
         low = [t.source_box.start[d] for t in transfers]
         high = [t.source_box.stop[d] for t in transfers]
         if max(low) == 0 and min(high) == size:
@@ -108,7 +108,7 @@ class _Keyed:
     item: torch.Tensor
 
 
-def _reorder(pairs: _Pairs, layout: _Layout) -> tuple[_Keyed, torch.Tensor]:
+def reorder(pairs: _Pairs, layout: RemapLayout) -> tuple[_Keyed, torch.Tensor]:
     """Pairs from (group, slot, item) block order to (item, slot) block order, and the
     size of each block in the new order. A block's pairs are consecutive in both orders
     and keep their order, so each pair moves by its block's new start minus its old
@@ -117,45 +117,45 @@ def _reorder(pairs: _Pairs, layout: _Layout) -> tuple[_Keyed, torch.Tensor]:
     count = blocks.shape[1]
     old_start = torch.searchsorted(pairs.block, torch.arange(count + 1, device=blocks.device))
     old_sizes = old_start[1:] - old_start[:-1]
-    new_sizes = old_sizes.index_select(0, blocks[_BLOCK_IN_PAIR_ORDER])
+    new_sizes = old_sizes.index_select(0, blocks[BLOCK_IN_PAIR_ORDER])
     new_start = torch.cumsum(new_sizes, 0) - new_sizes
-    item_block = blocks[_BLOCK_IN_ITEM_ORDER].index_select(0, pairs.block)
+    item_block = blocks[BLOCK_IN_ITEM_ORDER].index_select(0, pairs.block)
     n = pairs.element.numel()
     dest = (new_start.index_select(0, item_block) + torch.arange(n, device=blocks.device)
             - old_start.index_select(0, pairs.block))
-    position = pairs.element - layout.items[_ITEM_ELEMENT_START].index_select(0, pairs.item)
-    key = pairs.target_flat + blocks[_BLOCK_SEGMENT_START].index_select(0, item_block)
+    position = pairs.element - layout.items[ITEM_ELEMENT_START].index_select(0, pairs.item)
+    key = pairs.target_flat + blocks[BLOCK_SEGMENT_START].index_select(0, item_block)
     moved = [torch.empty_like(t).index_copy_(0, dest, t)
              for t in (pairs.target_flat, position, key, pairs.item)]
     return _Keyed(*moved), new_sizes
 
 
-def _out_of_range_any(groups: list[_Group], flat: torch.Tensor) -> torch.Tensor:
+def out_of_range_any(groups: list[Group], flat: torch.Tensor) -> torch.Tensor:
     """A ``(1,)`` int64 flag, no host synchronization: some index lies outside its
     tensor. The items of a group share their shape, so one range per group."""
     flags, start = [torch.zeros((), dtype=torch.bool, device=flat.device)], 0
     for group in groups:
-        flags.append(_out_of_range(flat[start:start + group.elements],
-                                   group.geometry.signature[0]))
+        flags.append(out_of_range_flag(flat[start:start + group.elements],
+                                       group.geometry.signature[0]))
         start += group.elements
-    return torch.stack(flags).any().view(1).to(_INT64)
+    return torch.stack(flags).any().view(1).to(INT64_DTYPE)
 
 
-def _split(keyed: _Keyed, block_sizes: torch.Tensor, out_of_range: torch.Tensor,
-           layout: _Layout, items: list[RemapItem],
-           geometries: list[_Geometry]) -> list[dict[Target, Remapped]]:
+def split_pairs(keyed: _Keyed, block_sizes: torch.Tensor, out_of_range: torch.Tensor,
+                layout: RemapLayout, items: list[RemapItem],
+                geometries: list[ItemGeometry]) -> list[dict[Target, Remapped]]:
     """Check, sort where needed and cut the pairs into per (item, target) views."""
     device = out_of_range.device
-    segment_sizes = torch.zeros(len(layout.segments), dtype=_INT64, device=device)
-    segment_sizes.index_add_(0, layout.blocks[_BLOCK_SEGMENT], block_sizes)
+    segment_sizes = torch.zeros(len(layout.segments), dtype=INT64_DTYPE, device=device)
+    segment_sizes.index_add_(0, layout.blocks[BLOCK_SEGMENT], block_sizes)
     # host synchronization 2
     summary = torch.cat([out_of_range, _descents(keyed, layout), segment_sizes]).tolist()
     if summary[0]:
         for item in items:
-            _check_range(item.indices, item.source_shape, item.tensor)
+            check_range(item.indices, item.source_shape, item.tensor)
     n_items = len(items)
     sizes = summary[1 + n_items:]
-    starts = _exclusive(sizes) + [sum(sizes)]
+    starts = exclusive(sizes) + [sum(sizes)]
     item_starts = [starts[s] for s in layout.item_first_segment]
     unsorted = [k for k in range(n_items) if summary[1 + k]]
     if unsorted:
@@ -171,12 +171,12 @@ def _split(keyed: _Keyed, block_sizes: torch.Tensor, out_of_range: torch.Tensor,
     return out
 
 
-def _descents(keyed: _Keyed, layout: _Layout) -> torch.Tensor:
+def _descents(keyed: _Keyed, layout: RemapLayout) -> torch.Tensor:
     """Per item, how many of its pairs have a key not above the one before (0: the
     item's outputs are sorted and unique). Pairs are grouped by item, so this is a
     difference of one prefix sum at each item's first and last pair."""
     items = layout.items.shape[1]
-    descent = torch.zeros(keyed.key.numel() + 1, dtype=_INT64, device=keyed.key.device)
+    descent = torch.zeros(keyed.key.numel() + 1, dtype=INT64_DTYPE, device=keyed.key.device)
     if keyed.key.numel() > 1:
         descent[2:] = torch.cumsum(keyed.key[1:] <= keyed.key[:-1], 0)
     bounds = torch.searchsorted(keyed.item, torch.arange(items + 1, device=keyed.key.device))
@@ -191,7 +191,7 @@ def _sort_items(keyed: _Keyed, starts: list[int], sizes: list[int]) -> None:
     long) by key. Keys of different items lie in disjoint, increasing ranges, so one
     sort of them all leaves every item inside its own run."""
     device = keyed.key.device
-    table = host_table([[s - e for s, e in zip(starts, _exclusive(sizes))], sizes], device)
+    table = host_table([[s - e for s, e in zip(starts, exclusive(sizes))], sizes], device)
     total = sum(sizes)
     run = torch.repeat_interleave(table[0], table[1], output_size=total)
     at = run + torch.arange(total, device=device)

@@ -9,7 +9,7 @@ Per entry the ``entries`` table holds the address and item size of its index ten
 item size of its values, its source tensor's element count and two inner sizes (its shape
 right-aligned to three dimensions; the outer coordinate follows from them) and its run of
 transfers in the ``transfers`` table; per transfer: its target tensor, its source box per
-dimension and the affine map to the target's flat index (``remap._affine``). An entry
+dimension and the affine map to the target's flat index (``remap.affine_map``). An entry
 whose transfers split its tensor along one dimension has a lookup (``routes.Routes``): its
 element reads its transfer there; the others compare the element with each of their boxes.
 ``_route`` writes per element the byte address of its target element (0: no local piece

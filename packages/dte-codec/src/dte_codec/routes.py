@@ -32,7 +32,7 @@ from .encodings import ValueEncoding, align
 from .fields import WORD_BYTES, block_segments, host_table, host_tables
 from .flat_values import Residues
 from .geometry import Transfer
-from .remap import _affine, _check_boxes
+from .remap import affine_map, check_boxes
 from .sparse_entries import SparseEntries
 
 if TYPE_CHECKING:
@@ -106,7 +106,7 @@ class Routes:
         sources = {}
         for name, ts in transfers.items():
             shape = tuple(shapes[name])
-            _check_boxes(ts, shape, name)
+            check_boxes(ts, shape, name)
             if len(shape) > dims or any(local[t.target_tensor].element_size()
                                         != dtypes[name].itemsize for t in ts):
                 continue
@@ -123,7 +123,7 @@ class Routes:
             sources[name] = _Source(len(rows[0]), len(ts), math.prod(shape), sizes, at,
                                     split or 0)
             for t, (start, size) in zip(ts, boxes):
-                shift, weights = _affine(t)
+                shift, weights = affine_map(t)
                 rows[0].append(ids[t.target_tensor])
                 rows[1].append(shift)
                 for d, w in enumerate((0,) * pad + weights):

@@ -20,9 +20,9 @@ if TYPE_CHECKING:
     from .entry_table import EntryTable
     from .table_skeleton import Entries, Skeleton
 
-_NAME_LENGTH = struct.Struct("<H")
-_ENTRY_FIELDS = struct.Struct("<BBBBBBHQQQ")
-_DIM = struct.Struct("<Q")
+NAME_LENGTH = struct.Struct("<H")
+ENTRY_FIELDS = struct.Struct("<BBBBBBHQQQ")
+DIM = struct.Struct("<Q")
 
 
 TABLE_CACHE = 8
@@ -30,7 +30,7 @@ TABLE_CACHE = 8
 sync after sync, a receiver may serve a few streams; each costs O(entries) once."""
 
 
-def _new_table(entries: tuple[Entry, ...]) -> EntryTable:
+def new_table(entries: tuple[Entry, ...]) -> EntryTable:
     # imported here: entry_table imports table_skeleton, which imports this module
     from .entry_table import EntryTable
 
@@ -38,32 +38,32 @@ def _new_table(entries: tuple[Entry, ...]) -> EntryTable:
 
 
 @functools.lru_cache(maxsize=TABLE_CACHE)
-def _entry_table(entries: tuple[Entry, ...]) -> EntryTable:
-    _built[entries] = entries
-    if len(_built) > TABLE_CACHE:
-        _built.pop(next(iter(_built)))
-    return _new_table(entries)
+def cached_entry_table(entries: tuple[Entry, ...]) -> EntryTable:
+    built_tables[entries] = entries
+    if len(built_tables) > TABLE_CACHE:
+        built_tables.pop(next(iter(built_tables)))
+    return new_table(entries)
 
 
-_built: dict[tuple[Entry, ...], tuple[Entry, ...]] = {}
-"""The full tables given to ``_entry_table`` lately. A table read from bytes that equals
+built_tables: dict[tuple[Entry, ...], tuple[Entry, ...]] = {}
+"""The full tables given to ``cached_entry_table`` lately. A table read from bytes that equals
 one of them is taken as that one (its ``Entry`` objects): a receiver in the sender's
 process then finds the table cached by identity, not by comparing every entry."""
 
 
-def _pack_entries(entries: tuple[Entry, ...]) -> bytes:
-    return b"".join([_pack_entry(e) for e in entries])
+def pack_entries(entries: tuple[Entry, ...]) -> bytes:
+    return b"".join([pack_entry(e) for e in entries])
 
 
-_pack_table = functools.lru_cache(maxsize=TABLE_CACHE)(_pack_entries)
+pack_table = functools.lru_cache(maxsize=TABLE_CACHE)(pack_entries)
 
 
-_parsed_tables: dict[tuple[bytes, int], tuple[Entry, ...]] = {}
+parsed_tables: dict[tuple[bytes, int], tuple[Entry, ...]] = {}
 """Full entry tables read before, by their bytes and entry count (at most
 ``TABLE_CACHE``)."""
 
 
-def _pack_entry(entry: Entry) -> bytes:
+def pack_entry(entry: Entry) -> bytes:
     name = entry.name.encode()
     return _entry_struct(len(name), len(entry.shape)).pack(
         len(name), name, DTYPE_CODES[entry.dtype], len(entry.shape), entry.index_encoding,
@@ -74,8 +74,8 @@ def _pack_entry(entry: Entry) -> bytes:
 @functools.lru_cache(maxsize=4096)
 def _entry_struct(name_bytes: int, ndim: int) -> struct.Struct:
     """An entry's name length, name, fields and dimensions, in one struct."""
-    return struct.Struct(f"{_NAME_LENGTH.format}{name_bytes}s{_ENTRY_FIELDS.format[1:]}"
-                         f"{ndim}{_DIM.format[1:]}")
+    return struct.Struct(f"{NAME_LENGTH.format}{name_bytes}s{ENTRY_FIELDS.format[1:]}"
+                         f"{ndim}{DIM.format[1:]}")
 
 
 
@@ -84,7 +84,7 @@ _skeletons: dict[tuple[int, int], Skeleton] = {}
 ``TABLE_CACHE``): a stream's next delta is read through its stream's one."""
 
 
-def _by_skeleton(table: bytes, count: int) -> Entries | None:
+def by_skeleton(table: bytes, count: int) -> Entries | None:
     """The entries of a delta's ``table`` read through the skeleton kept for its size and
     count; None where there is none or it does not hold the table."""
     from .table_skeleton import Entries
@@ -93,7 +93,7 @@ def _by_skeleton(table: bytes, count: int) -> Entries | None:
     return None if columns is None else Entries(skeleton, columns)
 
 
-def _keep_skeleton(entries: tuple[Entry, ...], table: bytes) -> tuple[Entry, ...] | Entries:
+def keep_skeleton(entries: tuple[Entry, ...], table: bytes) -> tuple[Entry, ...] | Entries:
     """Keep the skeleton of a delta's ``table``, read field by field into ``entries``;
     return the entries as read through it (``entries`` where it cannot hold them)."""
     from .table_skeleton import Entries, Skeleton
@@ -113,22 +113,22 @@ def _dims(ndim: int) -> struct.Struct:
     return struct.Struct(f"<{ndim}Q")
 
 
-def _read_table(table: bytes, count: int) -> tuple[Entry, ...] | None:
+def read_table(table: bytes, count: int) -> tuple[Entry, ...] | None:
     """The ``count`` entries that exactly fill ``table``, read in one pass without a
     bounds check per field; ``None`` where ``_Reader.entry`` would raise (it is then
     asked, to say why)."""
-    entries, pos, unpack = [], 0, _ENTRY_FIELDS.unpack_from
+    entries, pos, unpack = [], 0, ENTRY_FIELDS.unpack_from
     try:
         for _ in range(count):
-            name_at = pos + _NAME_LENGTH.size
-            fields_at = name_at + _NAME_LENGTH.unpack_from(table, pos)[0]
+            name_at = pos + NAME_LENGTH.size
+            fields_at = name_at + NAME_LENGTH.unpack_from(table, pos)[0]
             (dtype, ndim, index_enc, value_enc, index_width, value_width, reserved, n,
              index_esc, value_esc) = unpack(table, fields_at)
             if dtype not in DTYPES or reserved or ndim > MAX_NDIM:
                 return None
-            pos = fields_at + _ENTRY_FIELDS.size
+            pos = fields_at + ENTRY_FIELDS.size
             shape = _dims(ndim).unpack_from(table, pos)
-            pos += _DIM.size * ndim
+            pos += DIM.size * ndim
             index_encoding = INDEX_ENCODINGS.get(index_enc)
             value_encoding = VALUE_ENCODINGS.get(value_enc)
             if index_encoding is None or value_encoding is None or (

@@ -24,11 +24,11 @@ from .bits import BYTE_BITS
 from .encodings import (BOX_FIELD_BYTES, INDEX32_LIMIT, MAX_NDIM, RESIDUE_DTYPES, SIZE_LIMIT,
                         IndexEncoding, ValueEncoding, index_itemsizes)
 from .entry import Entry
-from .table_bytes import _ENTRY_FIELDS, _NAME_LENGTH
+from .table_bytes import ENTRY_FIELDS, NAME_LENGTH
 
-_FIELD_BYTES = _ENTRY_FIELDS.size
+_FIELD_BYTES = ENTRY_FIELDS.size
 _BYTE_FIELDS = {"index_encoding": 2, "value_encoding": 3, "index_width": 4, "value_width": 5}
-"""Offsets of the one-byte varying fields inside an entry's fields (``_ENTRY_FIELDS``)."""
+"""Offsets of the one-byte varying fields inside an entry's fields (``ENTRY_FIELDS``)."""
 _BYTES_AT = slice(min(_BYTE_FIELDS.values()), max(_BYTE_FIELDS.values()) + 1)
 """The one-byte varying fields lie back to back, in ``_BYTE_FIELDS``' order."""
 assert list(_BYTE_FIELDS.values()) == list(range(_BYTES_AT.start, _BYTES_AT.stop))
@@ -73,7 +73,7 @@ class Skeleton:
         """No tensor has two entries (so entries never overlap each other)."""
         fields_at, pos = [], 0
         for entry in entries:
-            pos += _NAME_LENGTH.size + len(entry.name.encode())
+            pos += NAME_LENGTH.size + len(entry.name.encode())
             fields_at.append(pos)
             pos += _FIELD_BYTES + 8 * len(entry.shape)
         self.fields_at = np.array(fields_at, dtype=np.int64)

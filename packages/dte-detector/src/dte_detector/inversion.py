@@ -71,7 +71,7 @@ from .changes import ChangeRun, ChangeSet, index_dtype, int_bits, unknown_bounds
 
 UNIT_ROUNDOFF = 2.0**-24
 SUBNORMAL_ROUNDING = 2.0**-150
-_HALF_ETA = 2.0**-75
+HALF_ETA = 2.0**-75
 GUARD_ULPS = 16.0
 """Default guard width in fp32 unit roundoffs of ``|p| + |u|`` (>= 12 derived above)."""
 CHUNK = 1 << 24
@@ -246,7 +246,7 @@ def reciprocal(value: float) -> float:
     return fp32(1.0 / divisor)
 
 
-def _corrections(h: AdamWStep) -> tuple[float, float]:
+def bias_corrections(h: AdamWStep) -> tuple[float, float]:
     """``bc1`` and ``bc2``, the bias corrections of the step (1 when switched off)."""
     if not h.bias_correction:
         return 1.0, 1.0
@@ -267,7 +267,7 @@ class Estimate:
 def estimate_previous(p: torch.Tensor, m: torch.Tensor, v: torch.Tensor, h: AdamWStep
                       ) -> Estimate:
     """Recompute the step's update from its post-step state and undo it."""
-    bc1, bc2 = _corrections(h)
+    bc1, bc2 = bias_corrections(h)
     c = decay_factor(h)
     d = v.sqrt() / math.sqrt(bc2) + h.eps
     u = m / d * (h.lr / bc1)
@@ -286,16 +286,16 @@ class GuardScalars:
     floor: float
     """Added: the subnormal roundings ``eta``."""
     underflow: float
-    """Times ``1 / d``, then times ``_HALF_ETA``: ``mu``."""
+    """Times ``1 / d``, then times ``HALF_ETA``: ``mu``."""
 
 
 def guard_scalars(h: AdamWStep, c: float, guard_ulps: float) -> GuardScalars:
     """The guard band's scalars for the step ``h`` with decay factor ``c``."""
-    bc1, _ = _corrections(h)
+    bc1, _ = bias_corrections(h)
     return GuardScalars(relative=guard_ulps * UNIT_ROUNDOFF / c,
                         bias=guard_ulps / GUARD_ULPS * 2 * bias_correction_error(h) / c,
                         floor=guard_ulps * SUBNORMAL_ROUNDING / c,
-                        underflow=guard_ulps / c / bc1 * _HALF_ETA)
+                        underflow=guard_ulps / c / bc1 * HALF_ETA)
 
 
 def guard_band(p: torch.Tensor, estimate: Estimate, h: AdamWStep, *,
@@ -310,7 +310,7 @@ def guard_band(p: torch.Tensor, estimate: Estimate, h: AdamWStep, *,
     guard = (p.abs() + u) * scalars.relative
     guard += u * scalars.bias
     guard += scalars.floor
-    mu = estimate.denominator.reciprocal() * scalars.underflow * _HALF_ETA
+    mu = estimate.denominator.reciprocal() * scalars.underflow * HALF_ETA
     return guard + mu
 
 

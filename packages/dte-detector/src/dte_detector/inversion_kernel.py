@@ -41,7 +41,7 @@ import triton.language as tl
 
 from . import batch, layout
 from .changes import ChangeRun
-from .inversion import (_HALF_ETA, AdamWStep, _corrections, decay_factor, fp32, guard_scalars,
+from .inversion import (HALF_ETA, AdamWStep, bias_corrections, decay_factor, fp32, guard_scalars,
                         reciprocal)
 from .staging import (advance, gather, locate, member_offset, narrow, on_device, place,
                       programs, read_limit, stage_counted, tile_elements, tile_offsets)
@@ -68,12 +68,12 @@ _FP32_MAX: tl.constexpr = tl.constexpr(torch.finfo(torch.float32).max)
 
 def _scalars(h: AdamWStep, guard_ulps: float) -> tuple[float, ...]:
     """The kernel's scalar arguments, in ``_verdict``'s order."""
-    bc1, bc2 = _corrections(h)
+    bc1, bc2 = bias_corrections(h)
     c = decay_factor(h)
     guard = guard_scalars(h, c, guard_ulps)
     return (reciprocal(math.sqrt(bc2)), fp32(h.eps), fp32(h.lr / bc1), reciprocal(c),
             fp32(guard.relative), fp32(guard.bias), fp32(guard.floor), fp32(guard.underflow),
-            fp32(_HALF_ETA))
+            fp32(HALF_ETA))
 
 
 @functools.lru_cache(maxsize=64)
