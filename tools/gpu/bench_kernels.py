@@ -54,6 +54,7 @@ from provenance import git_sha, machine
 
 from dte_detector import CastDetector, ChangeSet, diff, invert_adamw, torch_adamw_states
 from dte_detector.dispatch import reference
+from dte_detector.inversion import per_tensor
 from dte_detector.inverter import Inverter
 from dte_detector.steps import AdamWSteps
 
@@ -187,11 +188,7 @@ class InvertBatched:
                         [torch.bfloat16] * len(states))
 
     def __call__(self) -> list[ChangeSet]:
-        found, runs = self.inverter.runs(*self.columns)
-        for run in runs:
-            for k, at in enumerate(run.names):
-                found[at] = run.change_set(k)
-        return found
+        return per_tensor(*self.inverter.runs(*self.columns))
 
 
 def missed(truth: list[ChangeSet], found: list[ChangeSet]) -> int:

@@ -19,7 +19,7 @@ import pytest
 import torch
 from detector_cases import bits_of, midpoints
 
-from dte_detector.inversion import GUARD_ULPS, AdamWStep, _invert_chunk
+from dte_detector.inversion import GUARD_ULPS, AdamWStep, _invert_chunk, per_tensor
 
 pytestmark = [
     pytest.mark.skipif(torch.cuda.is_available(), reason="test_kernels.py runs them on the GPU"),
@@ -162,10 +162,7 @@ def test_interpreted_inverter_replans_a_replaced_resized_retyped_or_strided_tens
                              [h.step - 1 for h in hypers], [torch.float16] * len(members))
 
     def check() -> None:
-        found, runs_ = runs()
-        for run in runs_:
-            for k, at in enumerate(run.names):
-                found[at] = run.change_set(k)
+        found = per_tensor(*runs())
         for (p, m, v), hyper, actual in zip(members, hypers, found, strict=True):
             flat = (p.reshape(-1), m.reshape(-1), v.reshape(-1))
             indices, low, high = _invert_chunk(*flat, hyper, torch.float16, GUARD_ULPS)

@@ -180,7 +180,13 @@ def invert_columns(names: Sequence[str],
         PrecisionError: a master or a moment is not fp32 (the first such tensor, in order).
         StepGapError: more than one step since a tensor's reference.
     """
-    found, runs = invert_runs(names, states, hypers, previous, dtypes, guard_ulps=guard_ulps)
+    return per_tensor(*invert_runs(names, states, hypers, previous, dtypes,
+                                   guard_ulps=guard_ulps))
+
+
+def per_tensor(found: list[ChangeSet | None], runs: Sequence[ChangeRun]) -> list[ChangeSet]:
+    """``invert_runs``' results as one change set per tensor: ``found`` with the runs'
+    members' change sets put in at their positions (in place)."""
     for run in runs:
         for k, at in enumerate(run.names):
             found[at] = run.change_set(k)
