@@ -14,11 +14,14 @@ mkdir -p "$OUT"
 status=0
 python3 -m pytest -q -p no:cacheprovider -m "gpu or not gpu" \
   packages/dte-detector/tests/test_kernels.py packages/dte-codec/tests/test_kernels.py \
+  packages/dte-codec/tests/test_decode_kernels.py packages/dte-codec/tests/test_kernel_bits.py \
   packages/dte-codec/tests/test_body_digest.py packages/dte-codec/tests/test_box_copy.py \
   packages/dte-codec/tests/test_encode_plan.py packages/dte-codec/tests/test_flat.py \
   packages/dte-codec/tests/test_decode.py packages/dte-codec/tests/test_entry_table.py \
   packages/dte-codec/tests/test_warmup.py packages/dte-codec/tests/test_tensor_set.py \
   packages/areal-dte/tests/test_shard_stage_routes.py packages/areal-dte/tests/test_torch_actor.py \
+  packages/areal-dte/tests/test_shard_stage_copies.py \
+  packages/areal-dte/tests/test_shard_stage_queued.py \
   packages/dte-codec/tests/test_table_skeleton.py tests/test_flat_changes.py > "$OUT/gpu_tests.log" 2>&1 || status=1
 tail -3 "$OUT/gpu_tests.log"
 python3 tools/gpu/bench_kernels.py --numel --model qwen3-4b --modes batched --reps 5 \

@@ -1,8 +1,9 @@
-"""ShardStage's kernel paths against their references, bit for bit, on SGLang ranks fed
-by Hugging Face- and Megatron-layout senders: deltas routed (``dte_codec.routes``: every
-sparse entry routed, gathered and scattered by the kernels; reference ``remap_all`` per
-target) and full versions copied (``dte_codec.box_copy``; reference one ``copy_`` per
-box).
+"""ShardStage's routed deltas against their reference, bit for bit, on SGLang ranks fed
+by Hugging Face- and Megatron-layout senders (``dte_codec.routes``: every sparse entry
+routed, gathered and scattered by the kernels; reference ``remap_all`` per target).
+Full versions copied are ``test_shard_stage_copies.py``'s, deltas decoded with their
+checks queued ``test_shard_stage_queued.py``'s; both take the cases, receiver pairs and
+deltas of this module.
 
 On a CUDA device the kernels run there; on the CPU under Triton's interpreter
 (``kernel_mode``).
@@ -10,11 +11,8 @@ On a CUDA device the kernels run there; on the CPU under Triton's interpreter
 
 from __future__ import annotations
 
-import contextlib
 import math
-import sys
 
-import numpy as np
 import pytest
 import torch
 from hypothesis import example, given, settings
@@ -22,13 +20,9 @@ from kernel_mode import CUDA, DEVICE, kernels, needs_triton
 from plan_strategies import BACK, PINNED, cases, shards
 from areal_dte.shard_stage import ShardStage
 from bitwise import first_difference
-from dte_codec import box_copy, decode, encode_delta, encode_full
-from dte_codec.decode import QueuedChecks, decode_batched, decode_queued
-from dte_codec.encodings import IndexEncoding, ValueEncoding, index_itemsizes
-from dte_codec.flat_decode import INDEX_SECTIONS
+from dte_codec import decode, encode_delta
+from dte_codec.decode import decode_batched
 from dte_codec.payload import Flat
-from forge import redigest
-from dte_codec.box_copy import StagedCopies
 from dte_codec.geometry import Piece, Shard, TensorSpec, materialize
 from dte_codec.layouts import hf_shard
 from dte_codec.megatron_layout import MegatronLayout, megatron_shard
@@ -249,73 +243,6 @@ def test_unresolvable_residues_are_refused_as_by_the_reference():
     assert first_difference(reference.weights, _cpu(routed.weights)) is None
 
 
-@pytest.mark.parametrize(("config", "layout", "kind"), CASES, ids=IDS)
-def test_copied_full_equals_the_reference(config, layout, kind):
-    """Every rank's tensors after a full version written by the box-copy kernel equal
-    the reference's bit for bit (vocab padding untouched), twice in a row (the second
-    from the cached plan), and the kernel wrote every box entry."""
-    _check_copied(config, layout, kind)
-
-
-def test_copied_full_in_small_chunks(monkeypatch):
-    """Chunks of 5 elements cut rows into several column chunks, as the long rows of a
-    large model are, and take one row each: the same bits as the reference."""
-    monkeypatch.setattr(box_copy, "_CHUNK", 5)
-    _check_copied(*CASES[4])
-
-
-def _check_copied(config, layout, kind):
-    source = _source(config, kind)
-    for rank in range(layout.tp):
-        reference, copied = _pair(source, sglang_shard(config, layout, rank=rank),
-                                   _canonical(config, 0))
-        for version, seed in ((2, 1), (3, 2)):
-            data = encode_full(materialize(source, _canonical(config, seed)), stream_id="s",
-                               version=version)
-            assert reference.receive(data).accepted
-            with kernels():
-                staged = copied.stage(copied.weights, decode(data, device=DEVICE)).entries
-                assert [StagedCopies] == [type(s) for s in staged]
-                assert copied.receive(data).accepted
-            assert first_difference(reference.weights, _cpu(copied.weights)) is None
-
-
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "float32"])
-@pytest.mark.parametrize("how", ["in-mapping", "data"])
-def test_copied_full_after_a_local_tensor_is_replaced(how, dtype):
-    """A local tensor replaced after a full version was copied (a new tensor in the
-    mapping, or new storage under the same tensor object): the next full version lands
-    in the new tensor bit for bit as the reference and leaves the old storage alone; by
-    the copy kernel at the new address, or, for a tensor of another dtype, by the
-    reference ``copy_`` (the plan made for the old dtype is dropped, not reused)."""
-    config, layout, kind = CASES[0]
-    source = _source(config, kind)
-    shard = sglang_shard(config, layout, rank=0)
-    reference, copied = _pair(source, shard, _canonical(config, 0))
-    name = next(n for n in shard.tensors if "qkv_proj" in n)
-    frames = [encode_full(materialize(source, _canonical(config, version)), stream_id="s",
-                          version=version) for version in (2, 3)]
-    assert reference.receive(frames[0]).accepted
-    with kernels():
-        assert copied.receive(frames[0]).accepted
-    for receiver in (reference, copied):
-        new = torch.full_like(receiver.weights[name], 3.0, dtype=dtype)
-        old = receiver.weights[name].detach()
-        if how == "data":
-            receiver.weights[name].data = new
-        else:
-            receiver.weights[name] = new
-    before = old.clone()
-    assert reference.receive(frames[1]).accepted
-    with kernels():
-        staged = copied.stage(copied.weights, decode(frames[1], device=DEVICE)).entries
-        assert (dtype == torch.bfloat16) == ([StagedCopies] == [type(s) for s in staged])
-        assert copied.receive(frames[1]).accepted
-    assert dtype == copied.weights[name].dtype
-    assert first_difference(reference.weights, _cpu(copied.weights)) is None
-    assert torch.equal(before.view(torch.uint8), old.view(torch.uint8))
-
-
 def _quadrant_shard(replicated: bool) -> tuple[Shard, Shard]:
     """A sender holding ``w`` (12, 16) and ``v`` (64,) whole, and a rank holding ``w`` cut in
     four quadrants (boxes that vary in two dimensions: no lookup) and ``v`` once, or
@@ -374,130 +301,3 @@ def test_random_plans_route_as_the_reference(case):
         with kernels():
             assert routed.receive(data).accepted
         assert first_difference(reference.weights, _cpu(routed.weights)) is None
-
-
-def test_a_local_tensor_replaced_by_a_strided_one_is_written_as_by_the_reference():
-    """A local matrix replaced after a delta by a column-major tensor of the same shape,
-    dtype and values: the kernels write row-major tensors, so the next full version
-    lands in it as the reference writes it, element by element (not by the copy plan
-    made for the row-major tensor)."""
-    config, layout, source_kind = CASES[0]
-    source = _source(config, source_kind)
-    shard = sglang_shard(config, layout, rank=0)
-    versions = [_canonical(config, 0)]
-    versions += [_step(versions[-1], seed, 0.1) for seed in (1, 2)]
-    reference, routed = _pair(source, shard, versions[0])
-    name = next(n for n in shard.tensors if "qkv_proj" in n)
-    first = _delta(config, source, versions[0], versions[1])
-    second = encode_full(materialize(source, versions[2]), stream_id="s", version=3)
-    assert reference.receive(first).accepted
-    with kernels():
-        assert routed.receive(first).accepted
-    for receiver in (reference, routed):
-        held = receiver.weights[name]
-        strided = torch.empty_strided(held.shape, (1, held.shape[0]), dtype=held.dtype,
-                                      device=held.device)
-        receiver.weights[name] = strided.copy_(held)
-    assert reference.receive(second).accepted
-    with kernels():
-        staged = routed.stage(routed.weights, decode(second, device=DEVICE)).entries
-        assert StagedCopies not in [type(s) for s in staged]
-        assert routed.receive(second).accepted
-    assert not routed.weights[name].is_contiguous()
-    assert first_difference(reference.weights, _cpu(routed.weights)) is None
-
-
-@contextlib.contextmanager
-def _queued():
-    """Inside: the kernels run and the decode batches on ``DEVICE`` (as on a GPU: the
-    body's checks stay queued, ``decode_queued``)."""
-    with kernels(), pytest.MonkeyPatch.context() as patch:
-        patch.setattr(sys.modules["dte_codec.decode"], "batched", lambda device: True)
-        yield
-
-
-def _queued_pair(monkeypatch):
-    """A reference receiver and a routed one, a delta for them, and a log of the values
-    ``QueuedChecks.settle`` is given when it compares them (None: it read them itself)."""
-    settled = []
-    original = QueuedChecks.settle
-
-    def settle(self, values=None):
-        if not self.read:
-            settled.append(values)
-        return original(self, values)
-
-    monkeypatch.setattr(QueuedChecks, "settle", settle)
-    config, layout, kind = CASES[3]
-    source = _source(config, kind)
-    old = _canonical(config, 0)
-    data = _delta(config, source, old, _step(old, 1, 0.1))
-    reference, routed = _pair(source, sglang_shard(config, layout, rank=1), old)
-    return reference, routed, data, settled
-
-
-def test_queued_decode_checks_are_read_with_the_routes(monkeypatch):
-    """A delta whose decode left its checks queued is routed with one read of both: the
-    routes' summary carries the digest and the failed-check count, which settle there,
-    and the rank ends bit for bit as the reference's."""
-    reference, routed, data, settled = _queued_pair(monkeypatch)
-    with _queued():
-        assert decode_queued(data, device=DEVICE).checks is not None
-        settled.clear()
-        assert routed.receive(data).accepted
-    assert reference.receive(data).accepted
-    assert 1 == len(settled)
-    assert settled[0] is not None
-    assert first_difference(reference.weights, _cpu(routed.weights)) is None
-
-
-def _forged(data: bytes, how: str) -> bytes:
-    """``data`` with one check of its body made to fail, its digests recomputed: the set
-    bits of an Elias-Fano upper stream or bitmap miscounted (``indices``), or a residue
-    escape position past its entry (``positions``)."""
-    header = decode(data).header
-    c, sections = header.columns(), header.sections()
-    body = len(data) - header.body_size()
-    out = bytearray(data)
-    enc = c["index_encoding"]
-    if how == "indices":
-        entry = int(np.flatnonzero(np.isin(enc, [IndexEncoding.ELIAS_FANO,
-                                                 IndexEncoding.BITMAP]))[0])
-        at = body + int(sections.offsets[sections.firsts[entry]
-                                         + (enc[entry] == IndexEncoding.ELIAS_FANO)])
-        out[at] = 0 if out[at] == 0xFF else 0xFF  # another set-bit count
-    else:
-        entry = int(np.flatnonzero((c["value_encoding"] == ValueEncoding.RESIDUE)
-                                   & (c["value_escapes"] > 0))[0])
-        at = body + int(sections.offsets[sections.firsts[entry] + INDEX_SECTIONS[enc[entry]]
-                                         + 1])
-        out[at:at + int(index_itemsizes(c["count"][entry:entry + 1])[0])] = b"\xff" * 8
-    return redigest(out)
-
-
-@pytest.mark.parametrize("how", ["body", "indices", "positions", "wrong-base"])
-def test_queued_decode_refuses_a_bad_delta_as_the_reference(monkeypatch, how):
-    """A delta whose queued checks fail is refused with the reference's rejection and
-    error, before anything is written: a changed body byte (body digest), a miscounted
-    index stream or an escape position out of range (digests recomputed: the entry's
-    error), and a corrupted delta onto the wrong base (the bad payload is named, not the
-    base)."""
-    reference, routed, data, _ = _queued_pair(monkeypatch)
-    data = bytes(data)
-    if how in ("body", "wrong-base"):
-        bad = bytearray(data)
-        bad[-9] ^= 0x01
-        bad = bytes(bad)
-        if how == "wrong-base":
-            reference.version = routed.version = 7
-    else:
-        bad = _forged(data, how)
-    before = _cpu(routed.weights)
-    expected = reference.receive(bad)
-    with _queued():
-        got = routed.receive(bad)
-    assert (False, Rejection.BAD_PAYLOAD) == (expected.accepted, expected.rejection)
-    assert ("body_digest" in expected.detail) == (how in ("body", "wrong-base"))
-    assert (expected.accepted, expected.rejection, expected.detail, expected.version) == (
-        got.accepted, got.rejection, got.detail, got.version)
-    assert first_difference(before, _cpu(routed.weights)) is None
