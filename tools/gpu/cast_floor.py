@@ -14,7 +14,11 @@ fraction of the copy's (issue 11's target 1 asks 60 %):
 * ``+ copy flips`` / ``rows`` / ``sectors`` / ``all``: and write ``cast(master)`` into the
   model where an element flipped, on rows of 8 elements (16 bytes, the detector's choice)
   or 32-byte sectors that hold a flip, or everywhere (same bits: no flip means equal bits);
-* ``+ dirty``: and OR the flips into packed dirty bits.
+* ``+ dirty``: and OR the flips into packed dirty bits;
+* ``+ stage``: and stage the block's flips in its slab as the detector does
+  (``staging.stage``: a block-wide scan for the slots, one int32 word per flip holding
+  its offset and old bits, a quarter of the block's elements at most), without the
+  detector's later ``_gather`` into sorted outputs: the staging's share of the cast.
 
     PYTHONPATH=packages/dte-detector/src:tools:tools/gpu python3 tools/gpu/cast_floor.py
 """
@@ -29,21 +33,26 @@ import torch
 import triton
 import triton.language as tl
 from bench_kernels import CAST_BYTES, CastRun, copy_bandwidth, device_ms, split, trajectory
+from dte_detector.cast_kernel import SLAB_FRACTION
+from dte_detector.staging import stage
 from provenance import git_sha, machine
 
 BLOCK = 1024
 WARPS = 4
+SLAB = BLOCK // SLAB_FRACTION
 _ALL = -1
-VARIANTS = {  # name: (copy granule in elements, 0 none, _ALL everywhere; dirty bits)
-    "compare": (0, False), "+ copy flips": (1, False), "+ copy rows": (8, False),
-    "+ copy sectors": (16, False), "+ copy all": (_ALL, False),
-    "+ copy rows + dirty": (8, True), "+ copy all + dirty": (_ALL, True),
+VARIANTS = {  # name: (copy granule in elements, 0 none, _ALL everywhere; dirty bits; stage)
+    "compare": (0, False, False), "+ copy flips": (1, False, False),
+    "+ copy rows": (8, False, False), "+ copy sectors": (16, False, False),
+    "+ copy all": (_ALL, False, False), "+ copy rows + dirty": (8, True, False),
+    "+ copy all + dirty": (_ALL, True, False), "+ copy rows + dirty + stage": (8, True, True),
 }
 
 
 @triton.jit
-def _floor(master_ptr, model_ptr, dirty_ptr, counts_ptr, numel, BLOCK: tl.constexpr,
-           GRANULE: tl.constexpr, DIRTY: tl.constexpr):
+def _floor(master_ptr, model_ptr, dirty_ptr, counts_ptr, slab_ptr, numel, BLOCK: tl.constexpr,
+           GRANULE: tl.constexpr, DIRTY: tl.constexpr, STAGE: tl.constexpr,
+           SLAB: tl.constexpr):
     block = tl.program_id(0)
     offsets = block * BLOCK + tl.arange(0, BLOCK)
     inside = offsets < numel
@@ -66,7 +75,13 @@ def _floor(master_ptr, model_ptr, dirty_ptr, counts_ptr, numel, BLOCK: tl.conste
         hit = tl.max(tl.reshape(flips.to(tl.int32), (BLOCK // GRANULE, GRANULE)), axis=1)
         spread = tl.reshape(tl.broadcast_to(hit[:, None], (BLOCK // GRANULE, GRANULE)), (BLOCK,))
         tl.store(model_ptr + offsets, cast, mask=(spread != 0) & inside)
-    tl.store(counts_ptr + block, tl.sum(flips.to(tl.int32), axis=0))
+    count = tl.sum(flips.to(tl.int32), axis=0)
+    if STAGE:
+        if count <= SLAB:
+            old_rows = tl.reshape(old, (BLOCK // 8, 8))
+            stage(slab_ptr, block, tl.reshape(flips.to(tl.int32), (BLOCK // 8, 8)),
+                  tl.reshape(tl.arange(0, BLOCK), (BLOCK // 8, 8)), old_rows, old_rows, SLAB)
+    tl.store(counts_ptr + block, count)
 
 
 def parse() -> argparse.Namespace:
@@ -92,6 +107,7 @@ def main() -> int:
     dirty = [torch.zeros((m.numel() + 7) // 8, dtype=torch.uint8, device="cuda") for m in masters]
     counts = [torch.empty(triton.cdiv(m.numel(), BLOCK), dtype=torch.int32, device="cuda")
               for m in masters]
+    slabs = [torch.empty(c.numel() * SLAB, dtype=torch.int32, device="cuda") for c in counts]
     meta = (f"| {datetime.date.today().isoformat()} | `{args.sha or git_sha()}` "
             f"| {machine('cuda')} | `python3 tools/gpu/cast_floor.py {' '.join(sys.argv[1:])}` ")
     print("| date | sha | machine | command | kernel | numel | changed % | device ms "
@@ -103,12 +119,14 @@ def main() -> int:
         print(f"{meta}| {name} | {numel:.3g} | {changed:.2%} | {ms:.2f} | {rate / 1e9:.2f} "
               f"| {rate / bandwidth:.0%} |", flush=True)
 
-    for name, (granule, with_dirty) in VARIANTS.items():
-        def floor(granule=granule, with_dirty=with_dirty) -> None:
-            for master, model, bits, count in zip(masters, run.models, dirty, counts):
-                _floor[(count.numel(),)](master, model.view(torch.int16), bits, count,
+    for name, (granule, with_dirty, staged) in VARIANTS.items():
+        def floor(granule=granule, with_dirty=with_dirty, staged=staged) -> None:
+            for master, model, bits, count, slab in zip(masters, run.models, dirty, counts,
+                                                        slabs):
+                _floor[(count.numel(),)](master, model.view(torch.int16), bits, count, slab,
                                          master.numel(), BLOCK=BLOCK, GRANULE=granule,
-                                         DIRTY=with_dirty, num_warps=WARPS)
+                                         DIRTY=with_dirty, STAGE=staged, SLAB=SLAB,
+                                         num_warps=WARPS)
         floor()  # compiled outside the timing
         row(name, device_ms(floor, reps=args.reps, reset=run.reset))
     run()
