@@ -85,9 +85,10 @@ def encode_delta_flat(tensors: Mapping[str, torch.Tensor], changes: Mapping[str,
     if len(devices) > 1 or not known.encodable[rows].all():
         return None
     device = devices.pop()
-    weights = list(tensors.values())
-    flat = _flat(known, rows, counts, changes, members, loose, [weights[r] for r in picked],
-                 device)
+    every = list(tensors.values())
+    weights = [every[r] for r in picked]
+    flat = _flat(known, rows, counts=counts, changes=changes, members=members, loose=loose,
+                 weights=weights, device=device)
     if flat is None:
         return None
     bits = known.bits[rows][known.table.residue[rows]]
@@ -110,10 +111,7 @@ def encode_delta_flat(tensors: Mapping[str, torch.Tensor], changes: Mapping[str,
     escapes = flat.count_escapes(choice)  # the device counts while the host lays out
     chosen = counted.plan(choice, device=device)
     body = flat.write(chosen.layout, escapes)
-    for s in np.flatnonzero(chosen.layout.dense_offsets >= 0).tolist():
-        offset = int(chosen.layout.dense_offsets[s])
-        data = weights[picked[s]].detach().contiguous().reshape(-1).view(torch.uint8)
-        body[offset:offset + data.numel()].copy_(data)
+    _put_dense(body, chosen.layout, weights)
     # packed while the device writes the body
     head = pack_head(header, entries=segments, table=templates.pack(rows, chosen.fields()),
                      body_size=chosen.layout.size)
@@ -121,7 +119,16 @@ def encode_delta_flat(tensors: Mapping[str, torch.Tensor], changes: Mapping[str,
                        body_size=chosen.layout.size)
 
 
-def _flat(known: TensorSet, rows: np.ndarray, counts: np.ndarray,
+def _put_dense(body: torch.Tensor, layout: Layout, weights: list[torch.Tensor]) -> None:
+    """Copy the entries that fell back to dense (``weights``: one per entry) into their
+    place in ``body``, which ``write`` left zero there."""
+    for s in np.flatnonzero(layout.dense_offsets >= 0).tolist():
+        offset = int(layout.dense_offsets[s])
+        data = weights[s].detach().contiguous().reshape(-1).view(torch.uint8)
+        body[offset:offset + data.numel()].copy_(data)
+
+
+def _flat(known: TensorSet, rows: np.ndarray, *, counts: np.ndarray,
           changes: Mapping[str, ChangeSet], members: Members, loose: Mapping[str, ChangeSet],
           weights: list[torch.Tensor], device: torch.device) -> TorchFlat | FusedFlat | None:
     """The fused kernels where they run (``dispatch.fused``), else the torch ops; None
