@@ -2,8 +2,8 @@
 # Every GPU check of the repository in one device call, repository root, results in $OUT:
 # the kernel tests against their torch references (bitwise), the detection kernels against
 # the copy bandwidth, the end-to-end sync benchmark with both detectors (the adamw run
-# profiled), and megatron-core's own optimizer with
-# both detectors (megatron-core 0.16.1's cp312 wheel in .whl/, with omegaconf, antlr4,
+# profiled), megatron-core's own optimizer with both detectors and the cast's floor
+# (tools/gpu/cast_floor.py) (megatron-core 0.16.1's cp312 wheel in .whl/, with omegaconf, antlr4,
 # hypothesis and sortedcontainers; see docs/benchmarks.md for the commands' history).
 #   OUT=/tmp/out SHA=$(git rev-parse --short HEAD) bash tools/gpu/check_all.sh
 set -uo pipefail
@@ -33,4 +33,5 @@ python3 tools/gpu/check_megatron.py --syncs "${MEGATRON_SYNCS:-10}" --out "$OUT/
 tail -4 "$OUT/megatron.log"
 python3 tools/bench_sync.py --method cast --steps 10 --warmup-steps 2 --sha "$SHA" \
   --out "$OUT/cast" 2>&1 | grep "^|" || status=1
+python3 tools/gpu/cast_floor.py --sha "$SHA" 2>&1 | tee "$OUT/floor.md" | grep "^|" || status=1
 exit $status
