@@ -2,9 +2,9 @@
 # Every GPU check of the repository in one device call, repository root, results in $OUT:
 # the kernel tests against their torch references (bitwise), the detection kernels against
 # the copy bandwidth, the end-to-end sync benchmark with both detectors (the adamw run
-# profiled), megatron-core's own optimizer with both detectors and the cast's floor
-# (tools/gpu/cast_floor.py) (megatron-core 0.16.1's cp312 wheel in .whl/, with omegaconf, antlr4,
-# hypothesis and sortedcontainers; see docs/benchmarks.md for the commands' history).
+# profiled), megatron-core's own optimizer with both detectors (megatron-core 0.16.1's cp312
+# wheel in .whl/, with omegaconf, antlr4, hypothesis and sortedcontainers) and the cast's
+# floor (tools/gpu/cast_floor.py); see docs/benchmarks.md for the commands' history.
 #   OUT=/tmp/out SHA=$(git rev-parse --short HEAD) bash tools/gpu/check_all.sh
 set -uo pipefail
 : "${OUT:?}" "${SHA:?}"
