@@ -86,6 +86,26 @@ def parse() -> argparse.Namespace:
     return parser.parse_args()
 
 
+def case_parser(description: str) -> argparse.ArgumentParser:
+    """The arguments of a script timing the kernels over one ``split`` trajectory of
+    ``--numel`` elements (``tune_kernels.py``, ``cast_floor.py``); the caller adds its own."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--numel", type=float, default=1e9)
+    parser.add_argument("--tensor-numel", type=float, default=2**28)
+    parser.add_argument("--lr", type=float, default=3e-6)
+    parser.add_argument("--weight-decay", type=float, default=0.003)
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--reps", type=int, default=10)
+    parser.add_argument("--sha", default=None, help="default: this checkout's")
+    return parser
+
+
+def row_prefix(args: argparse.Namespace, script: str) -> str:
+    """A markdown row's first cells: date, tree, machine and the command that ran."""
+    return (f"| {datetime.date.today().isoformat()} | `{args.sha or git_sha()}` "
+            f"| {machine('cuda')} | `python3 {script} {' '.join(sys.argv[1:])}` ")
+
+
 def median_ms(fn, *, reps: int, warmup: int, reset=None) -> float:
     """Median of ``reps`` timed calls of ``fn`` (``reset`` runs untimed before each)."""
     times = []

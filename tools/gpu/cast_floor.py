@@ -25,17 +25,15 @@ fraction of the copy's (issue 11's target 1 asks 60 %):
 
 from __future__ import annotations
 
-import argparse
-import datetime
 import sys
 
 import torch
 import triton
 import triton.language as tl
-from bench_kernels import CAST_BYTES, CastRun, copy_bandwidth, device_ms, split, trajectory
+from bench_kernels import (CAST_BYTES, CastRun, case_parser, copy_bandwidth, device_ms,
+                           row_prefix, split, trajectory)
 from dte_detector.cast_kernel import SLAB_FRACTION
 from dte_detector.staging import stage
-from provenance import git_sha, machine
 
 BLOCK = 1024
 WARPS = 4
@@ -84,20 +82,8 @@ def _floor(master_ptr, model_ptr, dirty_ptr, counts_ptr, slab_ptr, numel, BLOCK:
     tl.store(counts_ptr + block, count)
 
 
-def parse() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--numel", type=float, default=1e9)
-    parser.add_argument("--tensor-numel", type=float, default=2**28)
-    parser.add_argument("--lr", type=float, default=3e-6)
-    parser.add_argument("--weight-decay", type=float, default=0.003)
-    parser.add_argument("--warmup", type=int, default=3)
-    parser.add_argument("--reps", type=int, default=10)
-    parser.add_argument("--sha", default=None, help="default: this checkout's")
-    return parser.parse_args()
-
-
 def main() -> int:
-    args = parse()
+    args = case_parser(__doc__.splitlines()[0]).parse_args()
     numel = int(args.numel)
     bandwidth = copy_bandwidth(numel, args)
     states, old, truth = trajectory(split(numel, args), args)
@@ -108,8 +94,7 @@ def main() -> int:
     counts = [torch.empty(triton.cdiv(m.numel(), BLOCK), dtype=torch.int32, device="cuda")
               for m in masters]
     slabs = [torch.empty(c.numel() * SLAB, dtype=torch.int32, device="cuda") for c in counts]
-    meta = (f"| {datetime.date.today().isoformat()} | `{args.sha or git_sha()}` "
-            f"| {machine('cuda')} | `python3 tools/gpu/cast_floor.py {' '.join(sys.argv[1:])}` ")
+    meta = row_prefix(args, "tools/gpu/cast_floor.py")
     print("| date | sha | machine | command | kernel | numel | changed % | device ms "
           "| TB/s over 6 B | of copy |")
     print("|---|---|---|---|---|---|---|---|---|---|")

@@ -20,27 +20,19 @@ Run (GPU machine, from the repository root):
 from __future__ import annotations
 
 import argparse
-import datetime
 import sys
 
 import torch
-from bench_kernels import (CAST_BYTES, INVERSION_BYTES, CastRun, InvertBatched, copy_bandwidth,
-                           device_ms, median_ms, same, split, trajectory)
-from provenance import git_sha, machine
+from bench_kernels import (CAST_BYTES, INVERSION_BYTES, CastRun, InvertBatched, case_parser,
+                           copy_bandwidth, device_ms, median_ms, row_prefix, same, split,
+                           trajectory)
 
 from dte_detector import cast_kernel, inversion_kernel
 
 
 def parse() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = case_parser(__doc__.splitlines()[0])
     parser.add_argument("--candidates", nargs="+", default=["128x4x16", "32x1x32"])
-    parser.add_argument("--numel", type=float, default=1e9)
-    parser.add_argument("--tensor-numel", type=float, default=2**28)
-    parser.add_argument("--lr", type=float, default=3e-6)
-    parser.add_argument("--weight-decay", type=float, default=0.003)
-    parser.add_argument("--warmup", type=int, default=3)
-    parser.add_argument("--reps", type=int, default=10)
-    parser.add_argument("--sha", default=None, help="default: this checkout's")
     return parser.parse_args()
 
 
@@ -49,8 +41,7 @@ def main() -> int:
     numel = int(args.numel)
     bandwidth = copy_bandwidth(numel, args)
     states, old, _ = trajectory(split(numel, args), args)
-    meta = (f"| {datetime.date.today().isoformat()} | `{args.sha or git_sha()}` "
-            f"| {machine('cuda')} | `python3 tools/gpu/tune_kernels.py {' '.join(sys.argv[1:])}` ")
+    meta = row_prefix(args, "tools/gpu/tune_kernels.py")
     print("| date | sha | machine | command | kernel | rows x warps x waves | numel | ms "
           "| of copy | device ms | of copy (device) | == first |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|")
