@@ -281,9 +281,9 @@ def test_deltas_are_checked_once_per_table_skeleton(monkeypatch):
     again; a delta whose table names another shape is still refused before
     anything is written."""
     from areal_dte import shard_stage
-    from dte_codec.table_bytes import _skeletons, parsed_tables
+    from dte_codec.table_bytes import _parsed, _skeletons
     _skeletons.clear()
-    parsed_tables.clear()
+    _parsed.clear()
     calls = []
     monkeypatch.setattr(shard_stage, "check_fit",
                         lambda *args, **kw: calls.append(1) or check_fit(*args, **kw))

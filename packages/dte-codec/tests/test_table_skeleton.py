@@ -13,7 +13,7 @@ from dte_codec.entry import Entry
 from dte_codec.entry_table import EntryTable, _columns
 from dte_codec.errors import HeaderError
 from dte_codec.header import Header
-from dte_codec.table_bytes import _skeletons, parsed_tables
+from dte_codec.table_bytes import _parsed, _skeletons
 from forge import redigest
 
 PRELUDE_BYTES = struct.calcsize("<4sHBBIIqqQQHQ")
@@ -65,10 +65,10 @@ def _field_at(head: bytes, entry: int, field: str) -> tuple[int, str]:
 def _fresh():
     """Each test starts as a reader that has seen no table."""
     _skeletons.clear()
-    parsed_tables.clear()
+    _parsed.clear()
     yield
     _skeletons.clear()
-    parsed_tables.clear()
+    _parsed.clear()
 
 
 def test_later_deltas_are_read_through_the_first_ones_skeleton():

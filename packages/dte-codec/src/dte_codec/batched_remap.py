@@ -37,7 +37,7 @@ from .fields import batched
 from .geometry import Transfer
 from .remap import Remapped, check_boxes, check_index_type, check_range, remap
 from .remap_layout import Group, RemapLayout, Target, item_geometry
-from .remap_pairs import INT64_DTYPE, find_pairs, out_of_range_any, reorder, split_pairs
+from .remap_pairs import find_pairs, out_of_range_any, reorder, split_pairs
 
 
 @attrs.frozen
@@ -108,7 +108,7 @@ def _remap_on(device: torch.device, items: list[RemapItem]) -> list[dict[Target,
         groups.append(Group(geometries[first], list(range(first, first + len(ks))),
                             sum(items[k].indices.numel() for k in ks)))
         first += len(ks)
-    flat = torch.cat([item.indices.to(INT64_DTYPE) for item in ordered])
+    flat = torch.cat([item.indices.to(torch.int64) for item in ordered])
     layout = RemapLayout.of(groups, geometries, [item.indices.numel() for item in ordered],
                             device)
     keyed, block_sizes = reorder(find_pairs(groups, flat, layout), layout)

@@ -40,7 +40,7 @@ from .encode_plan import Choice, Escapes, Layout
 from .encodings import BITMAP, ELIAS_FANO, GAP8, RESIDUE
 from .fields import block_segments, host_table
 from .kernel_bits import (bit_length, column, load_uniform, order_key, owned_block, packs,
-                          put_fields, put_packed, store_uniform, width_mask)
+                          put_fields, put_packed, rows_of, store_uniform, width_mask)
 
 if TYPE_CHECKING:
     from .tensor_set import TensorSet
@@ -61,26 +61,20 @@ _MAX_GAP_BYTE = tl.constexpr(255)
 _INT64 = torch.int64
 
 
-def _rows(table: Sequence[str], *names: str) -> tuple[tl.constexpr, ...]:
-    """The rows ``names`` of a table whose rows are ``table``, as kernel constants: every
-    table's row order is defined once, where the table is built."""
-    return tuple(tl.constexpr(table.index(name)) for name in names)
-
-
 _STATIC = ("numel", "bits", "residue", "value_at", "size")
 """The rows of the items table that only the tensor set decides (``_static``)."""
 _ITEMS = ("count", "first_block", "blocks", *ChangeTable.COLUMNS, *_STATIC)
 """The items table (one row per column, one entry per tensor): the sync's counts and
 blocks, then where its change sets lie, then what only the tensor set decides."""
 (_COUNT, _FIRST_BLOCK, _INDEX_AT, _INDEX_SIZE, _LOW_AT, _HIGH_AT, _NUMEL, _BITS, _RESIDUE,
- _VALUE_AT, _SIZE) = _rows(_ITEMS, "count", "first_block", "index_at", "index_size", "low_at",
+ _VALUE_AT, _SIZE) = rows_of(_ITEMS, "count", "first_block", "index_at", "index_size", "low_at",
                            "high_at", "numel", "bits", "residue", "value_at", "size")
 _BLOCKS = _ITEMS.index("blocks")
 (_ENC, _FIRST, _STRIDE, _WIDTH, _SECOND, _ESCAPE_BITS, _LOW_WIDTH, _VENC, _VWIDTH, _FIELDS,
- _POSITIONS, _POSITION_BITS, _RAW) = _rows(
+ _POSITIONS, _POSITION_BITS, _RAW) = rows_of(
     Layout.COLUMNS, "index_encoding", "first", "stride", "width", "second", "escape_bits",
     "low_width", "value_encoding", "value_width", "fields", "positions", "position_bits", "raw")
-_C_ENC, _C_VENC, _C_VWIDTH = _rows(Choice.COLUMNS, "index_encoding", "value_encoding",
+_C_ENC, _C_VENC, _C_VWIDTH = rows_of(Choice.COLUMNS, "index_encoding", "value_encoding",
                                    "value_width")
 _E_GAP8, _E_BITMAP, _E_ELIAS_FANO = (tl.constexpr(code) for code in (GAP8, BITMAP, ELIAS_FANO))
 _V_RESIDUE = tl.constexpr(RESIDUE)

@@ -51,7 +51,7 @@ from .errors import EncodeError
 from .fields import Body, Segments, host_table
 from .header import pack_head
 from .indices import MAX_GAP_BYTE
-from .parts import checked_header, seal, seal_packed
+from .parts import bytes_of, checked_header, seal, seal_packed
 from .tensor_set import TensorSet, tensor_set
 
 if TYPE_CHECKING:
@@ -124,7 +124,7 @@ def _put_dense(body: torch.Tensor, layout: Layout, weights: list[torch.Tensor]) 
     place in ``body``, which ``write`` left zero there."""
     for s in np.flatnonzero(layout.dense_offsets >= 0).tolist():
         offset = int(layout.dense_offsets[s])
-        data = weights[s].detach().contiguous().reshape(-1).view(torch.uint8)
+        data = bytes_of(weights[s])
         body[offset:offset + data.numel()].copy_(data)
 
 

@@ -20,9 +20,9 @@ import xxhash
 from .encodings import DTYPES, MAX_NDIM, SIZE_LIMIT, IndexEncoding, Kind, ValueEncoding, align
 from .entry import Entry, check_field
 from .errors import DigestError, HeaderError
-from .table_bytes import (DIM, ENTRY_FIELDS, NAME_LENGTH, TABLE_CACHE, built_tables, by_skeleton,
-                          cached_entry_table, keep_skeleton, new_table, pack_entries, pack_table,
-                          parsed_tables, read_table)
+from .table_bytes import (ENTRY_FIELDS, NAME_LENGTH, SHAPE_DIM, by_skeleton, cached_entry_table,
+                          full_table, keep_skeleton, new_table, pack_entries, pack_table,
+                          read_table)
 
 if TYPE_CHECKING:
     import numpy as np
@@ -223,8 +223,8 @@ class _Reader:
 
     def entries(self, count: int, kind: Kind) -> tuple[Entry, ...] | Entries:
         """The ``count`` entries filling the rest of a header of ``kind``. A full table
-        read before is taken from ``parsed_tables`` (one dictionary look-up instead of
-        O(entries) work; one equal to a table this process built, from ``built_tables``). A
+        read before is taken from ``table_bytes.full_table``'s cache (one dictionary
+        look-up instead of O(entries) work; one equal to a table this process built). A
         delta's table, new each sync (its counts move), is read through the skeleton of
         the stream's previous one, else field by field, its skeleton then kept."""
         table = bytes(self.data[self.pos:])
@@ -233,14 +233,7 @@ class _Reader:
             if entries is None:
                 entries = keep_skeleton(self._read(table, count), table)
         else:
-            key = (table, count)
-            entries = parsed_tables.get(key)
-            if entries is None:
-                read = self._read(table, count)
-                entries = built_tables.get(read, read)
-                if len(parsed_tables) >= TABLE_CACHE:
-                    parsed_tables.pop(next(iter(parsed_tables)), None)  # oldest first
-                parsed_tables[key] = entries
+            entries = full_table(table, count, lambda: self._read(table, count))
         self.pos = len(self.data)
         return entries
 
@@ -261,7 +254,8 @@ class _Reader:
         check_field(name, "dtype", f"one of {sorted(DTYPES)}", dtype, dtype in DTYPES)
         check_field(name, "reserved", 0, reserved, reserved == 0)
         check_field(name, "ndim", f"<= {MAX_NDIM}", ndim, ndim <= MAX_NDIM)
-        shape = tuple(DIM.unpack(self.take(DIM.size, "shape"))[0] for _ in range(ndim))
+        shape = tuple(SHAPE_DIM.unpack(self.take(SHAPE_DIM.size, "shape"))[0]
+                      for _ in range(ndim))
         check_field(name, "shape", "dimensions < 2**62", shape, all(d < SIZE_LIMIT for d in shape))
         return Entry(name=name, dtype=DTYPES[dtype], shape=shape, count=count,
                      index_encoding=self.enum(IndexEncoding, index_enc, "index_encoding", name),

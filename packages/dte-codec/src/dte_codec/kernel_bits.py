@@ -19,6 +19,8 @@ of consecutive fields whose width divides 64, each word once, with no atomics.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import triton
 import triton.language as tl
 
@@ -26,6 +28,12 @@ SCAN_ROW = tl.constexpr(64)
 """Elements per prefix sum of ``put_fields``: with 2 elements per thread, one warp's, so
 the scan needs shuffles only (a scan over the whole block crosses warps through shared
 memory, with barriers); a run of fields sharing a word ends at a row's end too."""
+
+
+def rows_of(table: Sequence[str], *names: str) -> tuple[tl.constexpr, ...]:
+    """The rows ``names`` of a table whose rows are ``table``, as kernel constants: every
+    table's row order is defined once, where the table is built."""
+    return tuple(tl.constexpr(table.index(name)) for name in names)
 
 
 @triton.jit

@@ -48,7 +48,7 @@ the same ``Entry`` object makes the header's table caches hit by identity."""
 
 def dense_part(name: str, tensor: torch.Tensor) -> Part:
     """A whole tensor, dense."""
-    return Part(_dense_entry(name, tensor.dtype, tuple(tensor.shape)), (_bytes_of(tensor),))
+    return Part(_dense_entry(name, tensor.dtype, tuple(tensor.shape)), (bytes_of(tensor),))
 
 
 @functools.lru_cache(maxsize=ENTRY_CACHE)
@@ -68,7 +68,7 @@ def box_part(name: str, block: torch.Tensor, *, shape: tuple[int, ...],
                           got=f"start {box.start}, size {box.size}", tensor=name)
     entry = Entry(name=name, dtype=block.dtype, shape=tuple(shape), count=box.numel,
                   index_encoding=IndexEncoding.BOX)
-    return Part(entry, (box.to_tensor().to(block.device), _bytes_of(block)))
+    return Part(entry, (box.to_tensor().to(block.device), bytes_of(block)))
 
 
 def sparse_part(name: str, values: torch.Tensor, *, shape: tuple[int, ...],
@@ -174,5 +174,6 @@ def _check_tensor(name: str, dtype: torch.dtype) -> None:
                           tensor=name)
 
 
-def _bytes_of(tensor: torch.Tensor) -> torch.Tensor:
+def bytes_of(tensor: torch.Tensor) -> torch.Tensor:
+    """A tensor's bytes, flat (a view where it is contiguous)."""
     return tensor.detach().contiguous().reshape(-1).view(torch.uint8)

@@ -23,7 +23,7 @@ from .remap_layout import (BLOCK_BASE, BLOCK_IN_ITEM_ORDER, BLOCK_IN_PAIR_ORDER,
 if TYPE_CHECKING:
     from .batched_remap import RemapItem
 
-INT64_DTYPE = torch.int64
+_INT64 = torch.int64
 
 
 @attrs.frozen
@@ -138,7 +138,7 @@ def out_of_range_any(groups: list[Group], flat: torch.Tensor) -> torch.Tensor:
         flags.append(out_of_range_flag(flat[start:start + group.elements],
                                        group.geometry.signature[0]))
         start += group.elements
-    return torch.stack(flags).any().view(1).to(INT64_DTYPE)
+    return torch.stack(flags).any().view(1).to(_INT64)
 
 
 def split_pairs(keyed: _Keyed, block_sizes: torch.Tensor, out_of_range: torch.Tensor,
@@ -146,7 +146,7 @@ def split_pairs(keyed: _Keyed, block_sizes: torch.Tensor, out_of_range: torch.Te
                 geometries: list[ItemGeometry]) -> list[dict[Target, Remapped]]:
     """Check, sort where needed and cut the pairs into per (item, target) views."""
     device = out_of_range.device
-    segment_sizes = torch.zeros(len(layout.segments), dtype=INT64_DTYPE, device=device)
+    segment_sizes = torch.zeros(len(layout.segments), dtype=_INT64, device=device)
     segment_sizes.index_add_(0, layout.blocks[BLOCK_SEGMENT], block_sizes)
     # host synchronization 2
     summary = torch.cat([out_of_range, _descents(keyed, layout), segment_sizes]).tolist()
@@ -176,7 +176,7 @@ def _descents(keyed: _Keyed, layout: RemapLayout) -> torch.Tensor:
     item's outputs are sorted and unique). Pairs are grouped by item, so this is a
     difference of one prefix sum at each item's first and last pair."""
     items = layout.items.shape[1]
-    descent = torch.zeros(keyed.key.numel() + 1, dtype=INT64_DTYPE, device=keyed.key.device)
+    descent = torch.zeros(keyed.key.numel() + 1, dtype=_INT64, device=keyed.key.device)
     if keyed.key.numel() > 1:
         descent[2:] = torch.cumsum(keyed.key[1:] <= keyed.key[:-1], 0)
     bounds = torch.searchsorted(keyed.item, torch.arange(items + 1, device=keyed.key.device))

@@ -24,7 +24,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .kernel_bits import column, load_uniform, owned_block, store_uniform
+from .kernel_bits import column, load_uniform, owned_block, rows_of, store_uniform
 from .routes import SOURCE_COLUMNS
 
 BLOCK = 512
@@ -36,9 +36,9 @@ ENTRY_COLUMNS = ("first_block", "index_at", "index_size", "itemsize", *SOURCE_CO
 """The per-entry table's rows (``routes._Moves.of``): the payload's, the source tensor's
 (``routes.Routes.source_columns``), the payload's again."""
 (FIRST_BLOCK, INDEX_AT, INDEX_SIZE, ITEMSIZE, NUMEL, FIRST, COUNT, LOOKUP_AT, LOOKUP_DIM, MIDDLE,
- INNER, ELEMENTS) = (tl.constexpr(ENTRY_COLUMNS.index(c)) for c in (
-    "first_block", "index_at", "index_size", "itemsize", "numel", "first", "count",
-    "lookup_at", "lookup_dim", "middle", "inner", "elements"))
+ INNER, ELEMENTS) = rows_of(ENTRY_COLUMNS, "first_block", "index_at", "index_size", "itemsize",
+                           "numel", "first", "count", "lookup_at", "lookup_dim", "middle",
+                           "inner", "elements")
 # columns of the per-transfer table (then per dimension its weight, low and high bound)
 TENSOR, SHIFT, AFFINE = (tl.constexpr(c) for c in range(3))
 DIMS = tl.constexpr(3)

@@ -60,6 +60,17 @@ class _Source:
     lookup_at: int = -1
     lookup_dim: int = 0
 
+    @property
+    def middle(self) -> int:
+        """The middle one of ``sizes``."""
+        return self.sizes[1]
+
+    @property
+    def inner(self) -> int:
+        """The coordinates follow from the inner two sizes (the outer one only places a
+        lookup)."""
+        return self.sizes[2]
+
 
 @attrs.frozen
 class Routes:
@@ -150,10 +161,7 @@ class Routes:
         missing = [name for name in names if name not in rows]
         for name in missing:
             s = self.sources[name]
-            found = {"numel": s.numel, "first": s.first, "count": s.count,
-                     "lookup_at": s.lookup_at, "lookup_dim": s.lookup_dim,
-                     "middle": s.sizes[1], "inner": s.sizes[2]}
-            rows[name] = np.array([found[c] for c in SOURCE_COLUMNS], dtype=np.int64)
+            rows[name] = np.array([getattr(s, c) for c in SOURCE_COLUMNS], dtype=np.int64)
         columns = np.stack([rows[name] for name in names], axis=1)
         columns.flags.writeable = False
         self._columns.clear()
@@ -277,18 +285,22 @@ class _Moves:
     def of(cls, routes: Routes, weights: Mapping[str, torch.Tensor],
            sparse: SparseEntries, targets: torch.Tensor) -> _Moves:
         device = routes.table.device
-        from .route_kernel import BLOCK, BLOCKS
+        from .route_kernel import BLOCK, BLOCKS, ENTRY_COLUMNS
         counts, itemsize = sparse.columns["count"], sparse.columns["itemsize"]
         blocks = -(-counts // BLOCK)
         sizes = align(counts * itemsize)
         offsets = np.cumsum(sizes) - sizes
         gathered = torch.empty(max(int(sizes.sum()), WORD_BYTES), dtype=torch.uint8, device=device)
+        own = {"first_block": np.cumsum(blocks) - blocks, "index_at": sparse.index_at,
+               "index_size": sparse.index_size, "itemsize": itemsize, "elements": counts,
+               "blocks": blocks}
+        start = ENTRY_COLUMNS.index(SOURCE_COLUMNS[0])
+        end = start + len(SOURCE_COLUMNS)
         # the gather's addresses go with the table: one copy to the device
         table, gathered_at, flags = host_tables([np.concatenate([
-            np.stack([np.cumsum(blocks) - blocks, sparse.index_at, sparse.index_size,
-                      itemsize]),  # FIRST_BLOCK .. ITEMSIZE
-            routes.source_columns(sparse.names),  # SOURCE_COLUMNS
-            np.stack([counts, blocks])]),  # ELEMENTS, BLOCKS
+            np.stack([own[c] for c in ENTRY_COLUMNS[:start]]),
+            routes.source_columns(sparse.names),
+            np.stack([own[c] for c in ENTRY_COLUMNS[end:]])]),
             (gathered.data_ptr() + offsets)[None], np.zeros(_FLAGS, dtype=np.int64)], device)
         total_blocks = int(blocks.sum())
         return cls(entries=table, block_seg=block_segments(table[BLOCKS], total_blocks),

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import struct
+from collections.abc import Callable
 
 from typing import TYPE_CHECKING
 
@@ -22,7 +23,7 @@ if TYPE_CHECKING:
 
 NAME_LENGTH = struct.Struct("<H")
 ENTRY_FIELDS = struct.Struct("<BBBBBBHQQQ")
-DIM = struct.Struct("<Q")
+SHAPE_DIM = struct.Struct("<Q")
 
 
 TABLE_CACHE = 8
@@ -39,13 +40,13 @@ def new_table(entries: tuple[Entry, ...]) -> EntryTable:
 
 @functools.lru_cache(maxsize=TABLE_CACHE)
 def cached_entry_table(entries: tuple[Entry, ...]) -> EntryTable:
-    built_tables[entries] = entries
-    if len(built_tables) > TABLE_CACHE:
-        built_tables.pop(next(iter(built_tables)))
+    _built[entries] = entries
+    if len(_built) > TABLE_CACHE:
+        _built.pop(next(iter(_built)))
     return new_table(entries)
 
 
-built_tables: dict[tuple[Entry, ...], tuple[Entry, ...]] = {}
+_built: dict[tuple[Entry, ...], tuple[Entry, ...]] = {}
 """The full tables given to ``cached_entry_table`` lately. A table read from bytes that equals
 one of them is taken as that one (its ``Entry`` objects): a receiver in the sender's
 process then finds the table cached by identity, not by comparing every entry."""
@@ -58,9 +59,24 @@ def pack_entries(entries: tuple[Entry, ...]) -> bytes:
 pack_table = functools.lru_cache(maxsize=TABLE_CACHE)(pack_entries)
 
 
-parsed_tables: dict[tuple[bytes, int], tuple[Entry, ...]] = {}
+_parsed: dict[tuple[bytes, int], tuple[Entry, ...]] = {}
 """Full entry tables read before, by their bytes and entry count (at most
 ``TABLE_CACHE``)."""
+
+
+def full_table(table: bytes, count: int, read: Callable[[], tuple[Entry, ...]]
+               ) -> tuple[Entry, ...]:
+    """The ``count`` entries of a full payload's ``table``: one read before (``_parsed``),
+    else ``read()``'s, or the equal table this process built (``_built``)."""
+    key = (table, count)
+    entries = _parsed.get(key)
+    if entries is None:
+        fresh = read()
+        entries = _built.get(fresh, fresh)
+        if len(_parsed) >= TABLE_CACHE:
+            _parsed.pop(next(iter(_parsed)), None)  # oldest first
+        _parsed[key] = entries
+    return entries
 
 
 def pack_entry(entry: Entry) -> bytes:
@@ -75,7 +91,7 @@ def pack_entry(entry: Entry) -> bytes:
 def _entry_struct(name_bytes: int, ndim: int) -> struct.Struct:
     """An entry's name length, name, fields and dimensions, in one struct."""
     return struct.Struct(f"{NAME_LENGTH.format}{name_bytes}s{ENTRY_FIELDS.format[1:]}"
-                         f"{ndim}{DIM.format[1:]}")
+                         f"{ndim}{SHAPE_DIM.format[1:]}")
 
 
 
@@ -128,7 +144,7 @@ def read_table(table: bytes, count: int) -> tuple[Entry, ...] | None:
                 return None
             pos = fields_at + ENTRY_FIELDS.size
             shape = _dims(ndim).unpack_from(table, pos)
-            pos += DIM.size * ndim
+            pos += SHAPE_DIM.size * ndim
             index_encoding = INDEX_ENCODINGS.get(index_enc)
             value_encoding = VALUE_ENCODINGS.get(value_enc)
             if index_encoding is None or value_encoding is None or (

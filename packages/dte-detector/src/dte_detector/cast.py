@@ -107,7 +107,7 @@ class CastDetector:
         flat = list(itertools.chain.from_iterable(pairs.values()))
         masters, models = flat[::2], flat[1::2]
         kept = layout.keep(
-            self._kept, layout.signature(flat, flat, names, list(map(layout.DTYPE, flat))),
+            self._kept, layout.signature(flat, names, list(map(layout.DTYPE, flat))),
             lambda: map(_route, masters, models), kinds=2)
         if kept is not self._kept:  # sizes may have changed: before anything is written
             for name, model in zip(names, models):

@@ -45,7 +45,7 @@ class Inverter:
             _raise_first(names, states, hypers, previous)
         # every dtype is fp32 here: only the payload dtypes can change a route
         kept = self._kept = layout.keep(
-            self._kept, layout.signature(flat, flat, moved, list(dtypes)),
+            self._kept, layout.signature(flat, moved, list(dtypes)),
             lambda: _routes(states, moved, dtypes), kinds=3)
         found: list[ChangeSet | None] = [None] * len(states)
         for at in kept.routes.get(_EMPTY, ()):

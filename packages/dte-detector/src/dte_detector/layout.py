@@ -28,16 +28,15 @@ REFERENCE = "reference"
 """``Layout.routes``: the tensors the torch reference takes."""
 
 
-def signature(tensors: Sequence[torch.Tensor], sized: Sequence[torch.Tensor],
-              *more: object) -> tuple:
+def signature(tensors: Sequence[torch.Tensor], *more: object) -> tuple:
     """What a layout of ``tensors`` (every tensor of a call, its kinds interleaved) depends
-    on, in this order: their addresses and contiguity, the sizes of ``sized``, whether the
-    torch reference is forced and ``more`` (what else the caller's routes read). The devices
+    on, in this order: their addresses, contiguity and sizes, whether the torch reference
+    is forced and ``more`` (what else the caller's routes read). The devices
     follow from the addresses (CUDA's unified addressing gives each device and the host
     address ranges of their own); a caller whose routes read dtypes passes them."""
     return (list(map(torch.Tensor.data_ptr, tensors)),
             list(map(torch.Tensor.is_contiguous, tensors)),
-            list(map(torch.Tensor.numel, sized)), dispatch.forced(), *more)
+            list(map(torch.Tensor.numel, tensors)), dispatch.forced(), *more)
 
 
 @attrs.define(eq=False)
