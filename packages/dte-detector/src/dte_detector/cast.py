@@ -64,6 +64,8 @@ class _Maps:
     per_tensor: list[torch.Tensor | None]
     """Per tensor of the layout's calls, its map (None: the torch reference's tensors)."""
     by_name: dict[str, torch.Tensor]
+    numels: dict[str, int]
+    """Per name of ``by_name``, its element count."""
     zeroed: list[torch.Tensor]
     """What ``clear`` zeroes: the allocations made for the layout, and the maps it took
     over from the interval it began in."""
@@ -74,6 +76,9 @@ class CastDetector:
 
     def __init__(self) -> None:
         self._dirty: dict[str, torch.Tensor] = {}
+        self._numels: dict[str, int] = {}
+        """Per name in ``_dirty``, its element count when first recorded (the map's bytes
+        do not tell 1,020 elements from 1,024)."""
         self._first_seen: dict[str, list[tuple[torch.Tensor, torch.Tensor]]] = {}
         """First-seen flips recorded one tensor at a time (indices, old values)."""
         self._runs: list[ChangeRun] = []
@@ -111,7 +116,7 @@ class CastDetector:
             lambda: map(_route, masters, models), kinds=2)
         if kept is not self._kept:  # sizes may have changed: before anything is written
             for name, model in zip(names, models):
-                self._check_map(name, model.numel())
+                self._check_size(name, model.numel())
             self._kept = kept
         for at in kept.routes.get(layout.REFERENCE, ()):
             self._record(names[at], masters[at], models[at])
@@ -150,16 +155,18 @@ class CastDetector:
                                                 if name not in self._dirty})
             by_name = {names[at]: self._dirty[names[at]]
                        for fused in kept.fused for at in fused.positions}
-            maps = self._maps = _Maps(kept, list(map(by_name.get, names)), by_name, zeroed)
+            maps = self._maps = _Maps(kept, list(map(by_name.get, names)), by_name,
+                                      {name: self._numels[name] for name in by_name}, zeroed)
         else:  # after a clear: the same maps, zeroed
             self._dirty.update(maps.by_name)
+            self._numels.update(maps.numels)
         return maps.per_tensor
 
-    def _check_map(self, name: str, numel: int) -> None:
-        """``name``'s dirty map of this interval, if any, fits ``numel`` elements."""
-        dirty = self._dirty.get(name)
-        if dirty is not None and dirty.numel() != -(-numel // 8):
-            raise ResizedError(name, numel=numel, map_bytes=dirty.numel())
+    def _check_size(self, name: str, numel: int) -> None:
+        """``name``, if recorded in this interval, had ``numel`` elements then."""
+        recorded = self._numels.get(name, numel)
+        if recorded != numel:
+            raise ResizedError(name, numel=numel, recorded=recorded)
 
     def _new_dirty_maps(self, models: Mapping[str, torch.Tensor]) -> list[torch.Tensor]:
         """Zeroed dirty maps for ``models`` (of one device), views of one allocation, each
@@ -174,6 +181,7 @@ class CastDetector:
         start = 0
         for name, size in sizes.items():
             self._dirty[name] = flat[start:start + size]
+            self._numels[name] = models[name].numel()
             start += padded[name]
         return [flat]
 
@@ -190,6 +198,7 @@ class CastDetector:
             self._first_seen.setdefault(name, []).append(
                 (fresh.to(index_dtype(flat.numel())), flat[fresh].clone()))
         self._dirty[name] = _pack(before | flips)
+        self._numels[name] = flips.numel()
 
     def changes(self, name: str, model: torch.Tensor) -> ChangeSet:
         """Every element of ``model`` dirtied since the last ``clear``, with its old value."""
@@ -223,6 +232,7 @@ class CastDetector:
     def clear(self) -> None:
         """Start a new interval (after a committed sync)."""
         self._dirty.clear()
+        self._numels.clear()
         self._first_seen.clear()
         self._runs.clear()
         self._fused_passes = 0

@@ -39,11 +39,20 @@ class ResizedError(DetectorError, ValueError):
     """A tensor recorded by a ``CastDetector`` changed its size before the interval's
     ``clear``: its dirty bits no longer say which elements changed."""
 
-    def __init__(self, tensor: str, *, numel: int, map_bytes: int):
-        self.tensor, self.numel, self.map_bytes = tensor, numel, map_bytes
-        super().__init__(f"tensor {tensor!r}: {numel} elements, but its dirty map of this "
-                         f"interval holds {map_bytes} bytes (resized since it was first "
-                         "recorded); sync it in full and clear the detector first")
+    def __init__(self, tensor: str, *, numel: int, recorded: int):
+        self.tensor, self.numel, self.recorded = tensor, numel, recorded
+        super().__init__(f"tensor {tensor!r}: {numel} elements, but {recorded} when first "
+                         "recorded in this interval; sync it in full and clear the detector "
+                         "first")
+
+
+class StateSizeError(DetectorError, ValueError):
+    """An AdamW moment has another element count than its master."""
+
+    def __init__(self, tensor: str, *, field: str, got: int, expected: int):
+        self.tensor, self.field, self.got, self.expected = tensor, field, got, expected
+        super().__init__(f"tensor {tensor!r}: {field} has {got} elements, the master "
+                         f"{expected}")
 
 
 class NoReferenceError(DetectorError, KeyError):

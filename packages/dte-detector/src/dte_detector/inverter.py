@@ -18,7 +18,7 @@ import torch
 
 from . import dispatch, inversion, layout
 from .changes import ChangeRun, ChangeSet
-from .errors import PrecisionError, StepGapError
+from .errors import PrecisionError, StateSizeError, StepGapError
 from .inversion import GUARD_ULPS, AdamWStep
 
 _EMPTY = "empty"
@@ -46,7 +46,7 @@ class Inverter:
         # every dtype is fp32 here: only the payload dtypes can change a route
         kept = self._kept = layout.keep(
             self._kept, layout.signature(flat, moved, list(dtypes)),
-            lambda: _routes(states, moved, dtypes), kinds=3)
+            lambda: _routes(names, states, moved, dtypes), kinds=3)
         found: list[ChangeSet | None] = [None] * len(states)
         for at in kept.routes.get(_EMPTY, ()):
             found[at] = ChangeSet.empty(states[at][0], dtype=dtypes[at])
@@ -79,16 +79,20 @@ def _raise_first(names: Sequence[str],
     raise AssertionError("a tensor that fails no check")
 
 
-def _routes(states: Sequence[tuple[torch.Tensor, torch.Tensor, torch.Tensor]],
+def _routes(names: Sequence[str],
+            states: Sequence[tuple[torch.Tensor, torch.Tensor, torch.Tensor]],
             moved: Sequence[int], dtypes: Sequence[torch.dtype]
             ) -> Iterator[torch.device | str]:
-    """Per tensor, the device whose kernels invert it, or its torch route (which also
-    takes moments of another size than their master, and raises as it does alone)."""
-    for (p, m, v), stepped, dtype in zip(states, moved, dtypes):
+    """Per tensor, the device whose kernels invert it, or its torch route; a moment of
+    another size than its master is refused (the reference would broadcast some)."""
+    for name, (p, m, v), stepped, dtype in zip(names, states, moved, dtypes):
+        for field, moment in zip(_STATE_FIELDS[1:], (m, v)):
+            if moment.numel() != p.numel():
+                raise StateSizeError(name, field=field, got=moment.numel(),
+                                     expected=p.numel())
         if not stepped or not p.numel():
             yield _EMPTY
-        elif p.numel() == m.numel() == v.numel() and dispatch.kernels_for(p, m, v,
-                                                                           payload=dtype):
+        elif dispatch.kernels_for(p, m, v, payload=dtype):
             yield p.device
         else:
             yield layout.REFERENCE
