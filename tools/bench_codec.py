@@ -280,7 +280,8 @@ def markdown_row(rows, means, timing, numel, a, runtime: str) -> tuple[str, str]
     ratio = {k: ms[k] / ms[k + " dense"] for k in ("encode", "decode+apply")}
     cells = [datetime.date.today().isoformat(), f"`{git_sha()}`", machine(a.device),
              f"`{cmd}`", (f"{numel / 1e6:.1f}M params, {a.steps} deltas after "
-                          f"{a.warmup_steps} warm-up steps, {min(chg):.1f}-{max(chg):.1f} % changed"),
+                          f"{a.warmup_steps} warm-up steps, "
+                          f"{min(chg):.1f}-{max(chg):.1f} % changed"),
              *(f"{means[c]:.2f}" for c in COLUMNS),
              f"{ms['encode']:.0f} ms ({ratio['encode']:.2f}x)",
              f"{ms['decode+apply']:.0f} ms ({ratio['decode+apply']:.2f}x)", runtime]
