@@ -1,6 +1,6 @@
 """ShardStage's full versions copied (``dte_codec.box_copy``; reference one ``copy_`` per
 box) against their reference, bit for bit, on SGLang ranks fed by Hugging Face- and
-Megatron-layout senders (the cases of ``test_shard_stage_routes``), and local tensors
+Megatron-layout senders (the cases of ``shard_stage_cases``), and local tensors
 replaced between versions.
 
 On a CUDA device the kernels run there; on the CPU under Triton's interpreter
@@ -17,8 +17,8 @@ from dte_codec import box_copy, decode, encode_full
 from dte_codec.box_copy import StagedCopies
 from dte_codec.geometry import materialize
 from dte_codec.sglang_layout import sglang_shard
+from shard_stage_cases import CASES, IDS, delta_frame, on_cpu, receiver_pair, source_shard
 from test_shard_stage import _canonical, _step
-from test_shard_stage_routes import CASES, IDS, _cpu, _delta, _pair, _source
 
 pytestmark = needs_triton
 
@@ -39,10 +39,10 @@ def test_copied_full_in_small_chunks(monkeypatch):
 
 
 def _check_copied(config, layout, kind):
-    source = _source(config, kind)
+    source = source_shard(config, kind)
     for rank in range(layout.tp):
-        reference, copied = _pair(source, sglang_shard(config, layout, rank=rank),
-                                   _canonical(config, 0))
+        reference, copied = receiver_pair(source, sglang_shard(config, layout, rank=rank),
+                                          _canonical(config, 0))
         for version, seed in ((2, 1), (3, 2)):
             data = encode_full(materialize(source, _canonical(config, seed)), stream_id="s",
                                version=version)
@@ -51,7 +51,7 @@ def _check_copied(config, layout, kind):
                 staged = copied.stage(copied.weights, decode(data, device=DEVICE)).entries
                 assert [StagedCopies] == [type(s) for s in staged]
                 assert copied.receive(data).accepted
-            assert first_difference(reference.weights, _cpu(copied.weights)) is None
+            assert first_difference(reference.weights, on_cpu(copied.weights)) is None
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "float32"])
@@ -63,9 +63,9 @@ def test_copied_full_after_a_local_tensor_is_replaced(how, dtype):
     the copy kernel at the new address, or, for a tensor of another dtype, by the
     reference ``copy_`` (the plan made for the old dtype is dropped, not reused)."""
     config, layout, kind = CASES[0]
-    source = _source(config, kind)
+    source = source_shard(config, kind)
     shard = sglang_shard(config, layout, rank=0)
-    reference, copied = _pair(source, shard, _canonical(config, 0))
+    reference, copied = receiver_pair(source, shard, _canonical(config, 0))
     name = next(n for n in shard.tensors if "qkv_proj" in n)
     frames = [encode_full(materialize(source, _canonical(config, version)), stream_id="s",
                           version=version) for version in (2, 3)]
@@ -86,7 +86,7 @@ def test_copied_full_after_a_local_tensor_is_replaced(how, dtype):
         assert (dtype == torch.bfloat16) == ([StagedCopies] == [type(s) for s in staged])
         assert copied.receive(frames[1]).accepted
     assert dtype == copied.weights[name].dtype
-    assert first_difference(reference.weights, _cpu(copied.weights)) is None
+    assert first_difference(reference.weights, on_cpu(copied.weights)) is None
     assert torch.equal(before.view(torch.uint8), old.view(torch.uint8))
 
 
@@ -96,13 +96,13 @@ def test_a_local_tensor_replaced_by_a_strided_one_is_written_as_by_the_reference
     lands in it as the reference writes it, element by element (not by the copy plan
     made for the row-major tensor)."""
     config, layout, source_kind = CASES[0]
-    source = _source(config, source_kind)
+    source = source_shard(config, source_kind)
     shard = sglang_shard(config, layout, rank=0)
     versions = [_canonical(config, 0)]
     versions += [_step(versions[-1], seed, 0.1) for seed in (1, 2)]
-    reference, routed = _pair(source, shard, versions[0])
+    reference, routed = receiver_pair(source, shard, versions[0])
     name = next(n for n in shard.tensors if "qkv_proj" in n)
-    first = _delta(config, source, versions[0], versions[1])
+    first = delta_frame(config, source, versions[0], versions[1])
     second = encode_full(materialize(source, versions[2]), stream_id="s", version=3)
     assert reference.receive(first).accepted
     with kernels():
@@ -118,4 +118,4 @@ def test_a_local_tensor_replaced_by_a_strided_one_is_written_as_by_the_reference
         assert StagedCopies not in [type(s) for s in staged]
         assert routed.receive(second).accepted
     assert not routed.weights[name].is_contiguous()
-    assert first_difference(reference.weights, _cpu(routed.weights)) is None
+    assert first_difference(reference.weights, on_cpu(routed.weights)) is None

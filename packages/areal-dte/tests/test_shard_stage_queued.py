@@ -22,8 +22,8 @@ from dte_codec.flat_decode import INDEX_SECTIONS
 from forge import redigest
 from dte_codec.sglang_layout import sglang_shard
 from dte_transport import Rejection
+from shard_stage_cases import CASES, delta_frame, on_cpu, receiver_pair, source_shard
 from test_shard_stage import _canonical, _step
-from test_shard_stage_routes import CASES, _cpu, _delta, _pair, _source
 
 pytestmark = needs_triton
 
@@ -50,10 +50,10 @@ def _queued_pair(monkeypatch):
 
     monkeypatch.setattr(QueuedChecks, "settle", settle)
     config, layout, kind = CASES[3]
-    source = _source(config, kind)
+    source = source_shard(config, kind)
     old = _canonical(config, 0)
-    data = _delta(config, source, old, _step(old, 1, 0.1))
-    reference, routed = _pair(source, sglang_shard(config, layout, rank=1), old)
+    data = delta_frame(config, source, old, _step(old, 1, 0.1))
+    reference, routed = receiver_pair(source, sglang_shard(config, layout, rank=1), old)
     return reference, routed, data, settled
 
 
@@ -69,7 +69,7 @@ def test_queued_decode_checks_are_read_with_the_routes(monkeypatch):
     assert reference.receive(data).accepted
     assert 1 == len(settled)
     assert settled[0] is not None
-    assert first_difference(reference.weights, _cpu(routed.weights)) is None
+    assert first_difference(reference.weights, on_cpu(routed.weights)) is None
 
 
 def _forged(data: bytes, how: str) -> bytes:
@@ -113,7 +113,7 @@ def test_queued_decode_refuses_a_bad_delta_as_the_reference(monkeypatch, how):
             reference.version = routed.version = 7
     else:
         bad = _forged(data, how)
-    before = _cpu(routed.weights)
+    before = on_cpu(routed.weights)
     expected = reference.receive(bad)
     with _queued():
         got = routed.receive(bad)
@@ -121,4 +121,4 @@ def test_queued_decode_refuses_a_bad_delta_as_the_reference(monkeypatch, how):
     assert ("body_digest" in expected.detail) == (how in ("body", "wrong-base"))
     assert (expected.accepted, expected.rejection, expected.detail, expected.version) == (
         got.accepted, got.rejection, got.detail, got.version)
-    assert first_difference(before, _cpu(routed.weights)) is None
+    assert first_difference(before, on_cpu(routed.weights)) is None

@@ -2,8 +2,8 @@
 by Hugging Face- and Megatron-layout senders (``dte_codec.routes``: every sparse entry
 routed, gathered and scattered by the kernels; reference ``remap_all`` per target).
 Full versions copied are ``test_shard_stage_copies.py``'s, deltas decoded with their
-checks queued ``test_shard_stage_queued.py``'s; both take the cases, receiver pairs and
-deltas of this module.
+checks queued ``test_shard_stage_queued.py``'s; all three take their cases, receiver pairs
+and deltas from ``shard_stage_cases``.
 
 On a CUDA device the kernels run there; on the CPU under Triton's interpreter
 (``kernel_mode``).
@@ -24,51 +24,17 @@ from dte_codec import decode, encode_delta
 from dte_codec.decode import decode_batched
 from dte_codec.payload import Flat
 from dte_codec.geometry import Piece, Shard, TensorSpec, materialize
-from dte_codec.layouts import hf_shard
-from dte_codec.megatron_layout import MegatronLayout, megatron_shard
 from dte_codec.region import Box
 from dte_codec import route_kernel, routes
 from dte_codec.routes import StagedRoutes
 from dte_codec.sglang_layout import SGLangLayout, sglang_shard
 from dte_detector import diff
 from dte_transport import Receiver, Rejection
-from test_shard_stage import DENSE, MOE, PADDING, _canonical, _step
+from shard_stage_cases import (CASES, IDS, delta_frame, on_cpu, receiver_pair,
+                               source_shard)
+from test_shard_stage import DENSE, PADDING, _canonical, _step
 
 pytestmark = needs_triton
-
-CASES = [(DENSE, SGLangLayout(), "hf"), (DENSE, SGLangLayout(tp=2, vocab_padding=3), "hf"),
-         (MOE, SGLangLayout(tp=2, ep=2), "hf"), (DENSE, SGLangLayout(tp=2), "megatron"),
-         (MOE, SGLangLayout(tp=2), "megatron")]
-IDS = [f"{'moe' if c.is_moe else 'dense'}-tp{l.tp}-ep{l.ep}-pad{l.vocab_padding}-{s}"
-       for c, l, s in CASES]
-
-
-def _source(config, kind: str):
-    return hf_shard(config) if kind == "hf" else megatron_shard(config, MegatronLayout(), rank=0)
-
-
-def _pair(source, shard, canonical):
-    """A reference receiver on the CPU and a routed one on ``DEVICE`` for ``shard``, both
-    holding a full load of ``canonical`` at version 1."""
-    out = []
-    for device in ("cpu", DEVICE):
-        local = {n: t.to(device) for n, t in
-                 materialize(shard, canonical, fill=PADDING).items()}
-        receiver = Receiver(local, stage=ShardStage.of(source, shard, local))
-        receiver.version, receiver.stream_id = 1, "s"
-        out.append(receiver)
-    return out[0], out[1]
-
-
-def _delta(config, source, old, new):
-    before, after = materialize(source, old), materialize(source, new)
-    return encode_delta(after, {n: diff(before[n], after[n]) for n in after}, stream_id="s",
-                        base_version=1, version=2)
-
-
-def _cpu(weights):
-    return {n: t.cpu() for n, t in weights.items()}
-
 
 @pytest.mark.parametrize(("config", "layout", "kind"), CASES, ids=IDS)
 @pytest.mark.parametrize(("rate", "narrow"), [(0.02, 2**31), (0.4, 2**31), (0.4, 0)],
@@ -78,17 +44,17 @@ def test_routed_delta_equals_the_reference(config, layout, kind, rate, narrow, m
     the routed path staged every sparse entry (no silent fallback); with 32- and with
     64-bit coordinates."""
     monkeypatch.setattr(routes, "_NARROW", narrow)
-    source = _source(config, kind)
+    source = source_shard(config, kind)
     old = _canonical(config, 0)
-    data = _delta(config, source, old, _step(old, 1, rate))
+    data = delta_frame(config, source, old, _step(old, 1, rate))
     for rank in range(layout.tp):
-        reference, routed = _pair(source, sglang_shard(config, layout, rank=rank), old)
+        reference, routed = receiver_pair(source, sglang_shard(config, layout, rank=rank), old)
         assert reference.receive(data).accepted
         with kernels():
             staged = routed.stage(routed.weights, decode(data, device=DEVICE)).entries
             assert [StagedRoutes] == [type(s) for s in staged if not hasattr(s, "where")]
             assert routed.receive(data).accepted
-        assert first_difference(reference.weights, _cpu(routed.weights)) is None
+        assert first_difference(reference.weights, on_cpu(routed.weights)) is None
 
 
 def test_delta_decoded_in_one_body_is_routed_from_it(monkeypatch):
@@ -96,10 +62,10 @@ def test_delta_decoded_in_one_body_is_routed_from_it(monkeypatch):
     the body itself: one routed write, no per-entry value section ever made, and the rank
     ends bit for bit as the reference's."""
     config, layout, kind = CASES[3]
-    source = _source(config, kind)
+    source = source_shard(config, kind)
     old = _canonical(config, 0)
-    data = _delta(config, source, old, _step(old, 1, 0.02))
-    reference, routed = _pair(source, sglang_shard(config, layout, rank=1), old)
+    data = delta_frame(config, source, old, _step(old, 1, 0.02))
+    reference, routed = receiver_pair(source, sglang_shard(config, layout, rank=1), old)
     assert reference.receive(data).accepted
 
     def made(self):
@@ -111,7 +77,7 @@ def test_delta_decoded_in_one_body_is_routed_from_it(monkeypatch):
         prepared = routed.stage(routed.weights, payload)
         assert [StagedRoutes] == [type(s) for s in prepared.entries]
         prepared.write()
-    assert first_difference(reference.weights, _cpu(routed.weights)) is None
+    assert first_difference(reference.weights, on_cpu(routed.weights)) is None
 
 
 def test_stage_built_where_the_kernels_run_has_its_routes_before_the_first_delta(
@@ -120,10 +86,10 @@ def test_stage_built_where_the_kernels_run_has_its_routes_before_the_first_delta
     itself (a Qwen3-4B rank's take ~20-40 ms of host work), so the first delta builds
     none, and is routed bit for bit as the reference."""
     config, layout, kind = CASES[3]
-    source, shard = _source(config, kind), sglang_shard(config, layout, rank=0)
+    source, shard = source_shard(config, kind), sglang_shard(config, layout, rank=0)
     old = _canonical(config, 0)
-    data = _delta(config, source, old, _step(old, 1, 0.02))
-    reference, _ = _pair(source, shard, old)
+    data = delta_frame(config, source, old, _step(old, 1, 0.02))
+    reference, _ = receiver_pair(source, shard, old)
     assert reference.receive(data).accepted
     with kernels():
         local = {n: t.to(DEVICE) for n, t in materialize(shard, old, fill=PADDING).items()}
@@ -137,7 +103,7 @@ def test_stage_built_where_the_kernels_run_has_its_routes_before_the_first_delta
         staged = routed.stage(routed.weights, decode(data, device=DEVICE)).entries
         assert [StagedRoutes] == [type(s) for s in staged if not hasattr(s, "where")]
         assert routed.receive(data).accepted
-    assert first_difference(reference.weights, _cpu(routed.weights)) is None
+    assert first_difference(reference.weights, on_cpu(routed.weights)) is None
 
 
 def test_source_columns_are_shared_by_the_deltas_of_a_stream():
@@ -145,7 +111,7 @@ def test_source_columns_are_shared_by_the_deltas_of_a_stream():
     INNER) are made once and shared, read-only, by every delta naming the same tensors
     (a stream's deltas): no copy per delta; another set of names gets its own."""
     config, layout, kind = CASES[3]
-    source, shard = _source(config, kind), sglang_shard(config, layout, rank=0)
+    source, shard = source_shard(config, kind), sglang_shard(config, layout, rank=0)
     local = materialize(shard, _canonical(config, 0), fill=PADDING)
     stage = ShardStage.of(source, shard, local)
     table = routes.Routes.of(stage.transfers,
@@ -176,14 +142,14 @@ def test_routes_write_a_replaced_local_tensor_at_its_new_address(how):
     values, bit for bit as the reference, and the storage it left none: the stage's
     table of local addresses is remade when an address changes."""
     config, layout, kind = CASES[0]
-    source = _source(config, kind)
+    source = source_shard(config, kind)
     versions = [_canonical(config, 0)]
     versions += [_step(versions[-1], seed, 0.1) for seed in (1, 2)]
     before, after = (materialize(source, v) for v in versions[1:])
     second = encode_delta(after, {n: diff(before[n], after[n]) for n in after},
                           stream_id="s", base_version=2, version=3)
-    reference, routed = _pair(source, sglang_shard(config, layout, rank=0), versions[0])
-    first = _delta(config, source, versions[0], versions[1])
+    reference, routed = receiver_pair(source, sglang_shard(config, layout, rank=0), versions[0])
+    first = delta_frame(config, source, versions[0], versions[1])
     name = max(routed.weights, key=lambda n: routed.weights[n].numel())
     with kernels():
         assert routed.receive(first).accepted
@@ -197,7 +163,7 @@ def test_routes_write_a_replaced_local_tensor_at_its_new_address(how):
         assert routed.receive(second).accepted
     for data in (first, second):
         assert reference.receive(data).accepted
-    assert first_difference(reference.weights, _cpu(routed.weights)) is None
+    assert first_difference(reference.weights, on_cpu(routed.weights)) is None
     assert torch.equal(kept.view(torch.int16), stale.view(torch.int16))
     assert not torch.equal(kept.view(torch.int16), routed.weights[name].view(torch.int16))
 
@@ -206,9 +172,9 @@ def test_routed_write_failure_restores_the_rank(monkeypatch):
     """A routed write that fails after scattering leaves the rank at its version, bit
     for bit (the undo log is the gather taken before the write)."""
     config, layout = DENSE, SGLangLayout(tp=2)
-    source = _source(config, "megatron")
+    source = source_shard(config, "megatron")
     old = _canonical(config, 0)
-    data = _delta(config, source, old, _step(old, 1, 0.3))
+    data = delta_frame(config, source, old, _step(old, 1, 0.3))
     original = StagedRoutes.write
 
     def write(self):
@@ -216,12 +182,12 @@ def test_routed_write_failure_restores_the_rank(monkeypatch):
         raise RuntimeError("device lost")
 
     # built first: on a GPU the receiver's codec warm-up writes through StagedRoutes too
-    reference, routed = _pair(source, sglang_shard(config, layout, rank=1), old)
+    reference, routed = receiver_pair(source, sglang_shard(config, layout, rank=1), old)
     monkeypatch.setattr(StagedRoutes, "write", write)
     with kernels():
         ack = routed.receive(data)
     assert (False, 1, Rejection.APPLY_FAILED) == (ack.accepted, ack.version, ack.rejection)
-    assert first_difference(reference.weights, _cpu(routed.weights)) is None
+    assert first_difference(reference.weights, on_cpu(routed.weights)) is None
 
 
 def test_unresolvable_residues_are_refused_as_by_the_reference():
@@ -229,18 +195,18 @@ def test_unresolvable_residues_are_refused_as_by_the_reference():
     resolve out of range: the routed receiver gives way to the reference and refuses the
     delta with its error, writing nothing."""
     config, layout = DENSE, SGLangLayout()
-    source = _source(config, "hf")
+    source = source_shard(config, "hf")
     old = _canonical(config, 0)
-    data = _delta(config, source, old, _step(old, 1, 0.3))
+    data = delta_frame(config, source, old, _step(old, 1, 0.3))
     held = {n: torch.full_like(t, float("inf")) for n, t in old.items()}
-    reference, routed = _pair(source, sglang_shard(config, layout, rank=0), held)
+    reference, routed = receiver_pair(source, sglang_shard(config, layout, rank=0), held)
     expected = reference.receive(data)
     with kernels():
         got = routed.receive(data)
     assert (False, Rejection.BAD_PAYLOAD) == (expected.accepted, expected.rejection)
     assert (expected.accepted, expected.rejection, expected.detail) == (
         got.accepted, got.rejection, got.detail)
-    assert first_difference(reference.weights, _cpu(routed.weights)) is None
+    assert first_difference(reference.weights, on_cpu(routed.weights)) is None
 
 
 def _quadrant_shard(replicated: bool) -> tuple[Shard, Shard]:
@@ -272,14 +238,14 @@ def test_boxes_without_lookup_and_replicas(replicated):
     new = _step(old, 1, 0.1)
     data = encode_delta(new, {n: diff(old[n], new[n]) for n in new}, stream_id="s",
                         base_version=1, version=2)
-    reference, routed = _pair(source, shard, old)
+    reference, routed = receiver_pair(source, shard, old)
     assert reference.receive(data).accepted
     with kernels():
         staged = routed.stage(routed.weights, decode(data, device=DEVICE)).entries
         assert (not replicated) == any(isinstance(s, StagedRoutes) for s in staged)
         assert routed.receive(data).accepted
-    assert first_difference(reference.weights, _cpu(routed.weights)) is None
-    assert first_difference(materialize(shard, new, fill=PADDING), _cpu(routed.weights)) is None
+    assert first_difference(reference.weights, on_cpu(routed.weights)) is None
+    assert first_difference(materialize(shard, new, fill=PADDING), on_cpu(routed.weights)) is None
 
 
 @settings(max_examples=30 if CUDA else 5, deadline=None)
@@ -294,10 +260,10 @@ def test_random_plans_route_as_the_reference(case):
     source = shards(config, source_layout)[0]
     old = _canonical(config, seed % 1000)
     new = _step(old, seed % 1000 + 1, rate)
-    data = _delta(config, source, old, new)
+    data = delta_frame(config, source, old, new)
     for shard in shards(config, target_layout)[:2]:
-        reference, routed = _pair(source, shard, old)
+        reference, routed = receiver_pair(source, shard, old)
         assert reference.receive(data).accepted
         with kernels():
             assert routed.receive(data).accepted
-        assert first_difference(reference.weights, _cpu(routed.weights)) is None
+        assert first_difference(reference.weights, on_cpu(routed.weights)) is None

@@ -35,7 +35,7 @@ import triton.language as tl
 
 from .dispatch import on_device
 from .encodings import IndexEncoding
-from .fields import block_segments, host_tables
+from .fields import block_segments, host_tables, starts_of
 from .kernel_bits import (bit_length, column, flags_before, get_fields, load_uniform,
                           owned_block, width_mask)
 from .rank_select import bounds, last_at_most, popcount, select
@@ -220,7 +220,7 @@ def escape_failures(escapes: np.ndarray, at: np.ndarray, sizes: np.ndarray,
 def _escape_rows(escapes: np.ndarray, at: np.ndarray, sizes: np.ndarray, counts: np.ndarray
                  ) -> np.ndarray:
     blocks = -(-escapes // BLOCK)
-    return np.stack([_starts(blocks), escapes, at, sizes, counts, blocks])
+    return np.stack([starts_of(blocks), escapes, at, sizes, counts, blocks])
 
 
 def _escape_pass(rows: np.ndarray, table: torch.Tensor) -> torch.Tensor:
@@ -255,7 +255,7 @@ def _decode(rows: np.ndarray, counts: np.ndarray, words: torch.Tensor,
     blocks = -(-counts // BLOCK)
     streams_rows, stream_of = _stream_rows(rows, counts)
     enc, first, stride, width, second, escape_bits, low_width, numel, escapes_n, _ = rows
-    tables = [np.stack([_starts(blocks), _starts(counts), counts, numel, enc, first, stride,
+    tables = [np.stack([starts_of(blocks), starts_of(counts), counts, numel, enc, first, stride,
                         width, second, escape_bits, low_width, stream_of, blocks, escapes_n])]
     if streams_rows is not None:
         tables.append(streams_rows)
@@ -282,10 +282,10 @@ def _decode(rows: np.ndarray, counts: np.ndarray, words: torch.Tensor,
     if escapes is not None:
         failures.append(_escape_pass(escape_rows, rest[-1]))
     if (enc == IndexEncoding.GAP8).any():
-        wide_before = _exclusive(wides)
+        wide_before = starts_of(wides)
         _gaps[grid](*args, words, last, wide_before, wide_before, sums, gap_failures, out,
                     BLOCK=BLOCK, WRITE=False)
-        _gaps[grid](*args, words, last, wide_before, _exclusive(sums), sums, gap_failures, out,
+        _gaps[grid](*args, words, last, wide_before, starts_of(sums), sums, gap_failures, out,
                     BLOCK=BLOCK, WRITE=True)
         # wides counts only GAP8 blocks, and other entries have no escapes
         per_entry = _per_entry(wides, table[_FIRST_BLOCK.value], table[_BLOCKS])
@@ -309,7 +309,7 @@ def _stream_rows(rows: np.ndarray, counts: np.ndarray) -> tuple[np.ndarray | Non
     stream_words = -(-limit // 64)
     blocks = -(-stream_words // BLOCK)
     word_at = np.where(is_ef, rows[4], rows[1])[picked] // 64
-    first_block = _starts(blocks)
+    first_block = starts_of(blocks)
     return np.stack([first_block, word_at, limit, stream_words, blocks, counts[picked],
                      first_block * BLOCK, (first_block + blocks) * BLOCK - 1]), stream_of
 
@@ -349,14 +349,6 @@ def _rows(count: int, length: int, device: torch.device) -> torch.Tensor:
     Triton specializes a pointer on that alignment, so rows of an odd length would compile
     every kernel that takes them a second time."""
     return torch.zeros(count, length + length % 2, dtype=_INT64, device=device)[:, :length]
-
-
-def _starts(sizes: np.ndarray) -> np.ndarray:
-    return np.cumsum(sizes) - sizes
-
-
-def _exclusive(counts: torch.Tensor) -> torch.Tensor:
-    return torch.cumsum(counts, 0) - counts
 
 
 def _per_entry(per_block: torch.Tensor, first_blocks: torch.Tensor, blocks: torch.Tensor

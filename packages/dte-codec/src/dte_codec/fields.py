@@ -19,6 +19,7 @@ import collections
 import sys
 import threading
 from collections.abc import Sequence
+from typing import TypeVar
 
 import attrs
 import numpy as np
@@ -30,6 +31,7 @@ from .dispatch import fused
 WORD_BITS = 64
 WORD_BYTES = 8
 _INT64 = torch.int64
+_Sizes = TypeVar("_Sizes", np.ndarray, torch.Tensor)
 
 assert sys.byteorder == "little", "the int64 word view of a body assumes a little-endian host"
 
@@ -217,6 +219,13 @@ def _gathered(host: np.ndarray, arrays: list[np.ndarray], starts: list[int]) -> 
     for a, at in zip(arrays, starts):
         host[at:at + a.size] = a.ravel()
     return host
+
+
+def starts_of(sizes: _Sizes) -> _Sizes:
+    """Where each of consecutive runs of ``sizes`` (1-d) starts: the exclusive prefix sums,
+    of the same kind as ``sizes`` (a numpy array on the host, a tensor on its device,
+    with no host synchronization)."""
+    return sizes.cumsum(0) - sizes
 
 
 def block_segments(blocks: torch.Tensor, total: int) -> torch.Tensor:

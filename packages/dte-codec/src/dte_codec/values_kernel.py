@@ -25,7 +25,7 @@ import triton.language as tl
 from .dispatch import on_device
 from .encodings import align, index_itemsizes
 from .entry import Entry
-from .fields import block_segments, host_table
+from .fields import block_segments, host_table, starts_of
 from .flat_values import Residues, Resolved
 from .kernel_bits import (column, from_order_key, get_fields, load_uniform,
                           order_key, owned_block, store_uniform, width_mask)
@@ -131,15 +131,15 @@ def resolve_columns(residues: Residues, device: torch.device) -> Resolved:
 def _resolve_all(r: Residues, device: torch.device) -> Resolved:
     blocks, escape_blocks = -(-r.count // BLOCK), -(-r.escapes // BLOCK)
     sizes = align(r.count * r.itemsize)
-    offsets = _starts(sizes)
+    offsets = starts_of(sizes)
     nbytes, total_blocks, total_escape_blocks = (int(x.sum()) for x in
                                                  (sizes, blocks, escape_blocks))
     out = torch.empty(max(nbytes, 8), dtype=torch.uint8, device=device)
     table = host_table(np.stack([
-        _starts(blocks), _starts(r.escapes), r.fields_at,
+        starts_of(blocks), starts_of(r.escapes), r.fields_at,
         np.maximum(-(-r.fields_bytes // 8) - 1, 0), r.width, r.positions_at,
         index_itemsizes(r.count), r.raw_at, r.itemsize, r.base_at,
-        out.data_ptr() + offsets, r.count, r.escapes, _starts(escape_blocks), blocks,
+        out.data_ptr() + offsets, r.count, r.escapes, starts_of(escape_blocks), blocks,
         escape_blocks]), device)
     segments = r.count.size
     marks = torch.zeros(total_blocks * BLOCK, dtype=torch.uint8, device=device)
@@ -155,8 +155,3 @@ def _resolve_all(r: Residues, device: torch.device) -> Resolved:
                               marks, torch.cumsum(counts_per_block, 0), counts_per_block,
                               failures, BLOCK=BLOCK, num_warps=WARPS)
     return Resolved(out, offsets, failures)
-
-
-def _starts(sizes: np.ndarray) -> np.ndarray:
-    """Exclusive prefix sums of ``sizes``."""
-    return np.cumsum(sizes) - sizes
