@@ -228,6 +228,16 @@ def starts_of(sizes: _Sizes) -> _Sizes:
     return sizes.cumsum(0) - sizes
 
 
+def exclusive(sizes: list[int]) -> list[int]:
+    """Where each of consecutive runs of ``sizes`` starts: ``starts_of`` for a list of
+    Python ints."""
+    starts, total = [], 0
+    for size in sizes:
+        starts.append(total)
+        total += size
+    return starts
+
+
 def block_segments(blocks: torch.Tensor, total: int) -> torch.Tensor:
     """Per kernel block, the segment that owns it, when segment ``s`` takes ``blocks[s]``
     whole blocks in order (``total`` of them): a program reads its segment with one load

@@ -13,12 +13,12 @@ import attrs
 import torch
 
 from .encodings import INDEX32_LIMIT
-from .fields import host_table
+from .fields import exclusive, host_table
 from .remap import Remapped, check_range, out_of_range_flag, row_major_strides
 from .remap_layout import (BLOCK_BASE, BLOCK_IN_ITEM_ORDER, BLOCK_IN_PAIR_ORDER, BLOCK_SEGMENT,
                            BLOCK_SEGMENT_START, ELEMENT_START, ELEMENTS, ITEM_ELEMENT_START,
                            ITEMS, MASK_START, SHAPE, SLOT_BASE, Group, ItemGeometry, RemapLayout,
-                           Target, exclusive)
+                           Target)
 
 if TYPE_CHECKING:
     from .batched_remap import RemapItem
