@@ -1,21 +1,52 @@
-"""The cases, receiver pairs and deltas shared by the ShardStage kernel tests
-(``test_shard_stage_routes``, ``test_shard_stage_copies``, ``test_shard_stage_queued``):
-SGLang ranks fed by Hugging Face- and Megatron-layout senders, each rank a reference
-receiver on the CPU beside one on ``kernel_mode.DEVICE``.
+"""The models, weights, cases, receiver pairs and deltas shared by the ShardStage tests
+(``test_shard_stage`` and the kernel tests ``test_shard_stage_routes``,
+``test_shard_stage_copies``, ``test_shard_stage_queued``): SGLang ranks fed by Hugging
+Face- and Megatron-layout senders, each rank a reference receiver on the CPU beside one on
+``kernel_mode.DEVICE``.
 """
 
 from __future__ import annotations
 
+import torch
 from kernel_mode import DEVICE
 from areal_dte.shard_stage import ShardStage
 from dte_codec import encode_delta
 from dte_codec.geometry import materialize
-from dte_codec.layouts import hf_shard
+from dte_codec.layouts import ModelConfig, canonical_tensors, hf_shard
 from dte_codec.megatron_layout import MegatronLayout, megatron_shard
 from dte_codec.sglang_layout import SGLangLayout
 from dte_detector import diff
 from dte_transport import Receiver
-from test_shard_stage import DENSE, MOE, PADDING
+
+PADDING = -7.0
+"""What vocab padding rows hold before the first sync; no payload may touch them."""
+
+DENSE = ModelConfig(vocab=37, hidden=16, layers=2, heads=4, kv_heads=2, head_dim=4,
+                    intermediate=8, tie_word_embeddings=False)
+MOE = ModelConfig(vocab=21, hidden=8, layers=1, heads=4, kv_heads=1, head_dim=2,
+                  num_experts=4, moe_intermediate=4, tie_word_embeddings=True)
+
+
+def canonical_weights(config: ModelConfig, seed: int) -> dict[str, torch.Tensor]:
+    """Random canonical tensors of ``config``, the same for the same ``seed``."""
+    gen = torch.Generator().manual_seed(seed)
+    return {name: (torch.randn(spec.shape, generator=gen) * 0.05).to(spec.dtype)
+            for name, spec in canonical_tensors(config).items()}
+
+
+def stepped(weights: dict[str, torch.Tensor], seed: int, rate: float) -> dict[str, torch.Tensor]:
+    """Move a ``rate`` share of elements, most by one ulp, some far (raw escapes)."""
+    gen = torch.Generator().manual_seed(seed)
+    out = {}
+    for name, tensor in weights.items():
+        bits = tensor.clone().view(torch.int16).view(-1)
+        moved = torch.rand(bits.shape, generator=gen) < rate
+        jump = torch.randint(-3, 4, bits.shape, generator=gen, dtype=torch.int16)
+        jump = torch.where(torch.rand(bits.shape, generator=gen) < 0.1, jump * 1000, jump)
+        bits[moved] += jump[moved]
+        out[name] = bits.view(torch.bfloat16).view(tensor.shape)
+    return out
+
 
 CASES = [(DENSE, SGLangLayout(), "hf"), (DENSE, SGLangLayout(tp=2, vocab_padding=3), "hf"),
          (MOE, SGLangLayout(tp=2, ep=2), "hf"), (DENSE, SGLangLayout(tp=2), "megatron"),

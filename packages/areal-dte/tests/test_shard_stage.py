@@ -14,7 +14,7 @@ from dte_codec.encodings import Kind
 from dte_codec.errors import MismatchError
 from dte_codec.fit import check_fit
 from dte_codec.geometry import Piece, Shard, TensorSpec, materialize
-from dte_codec.layouts import ModelConfig, canonical_tensors, hf_shard
+from dte_codec.layouts import ModelConfig, hf_shard
 from dte_codec.megatron_layout import MegatronLayout, megatron_shard
 from dte_codec.parts import assemble, box_part, sparse_part
 from dte_codec.region import Box
@@ -23,39 +23,13 @@ from dte_detector import diff
 from dte_transport import Receiver, Rejection
 from hypothesis import given
 from hypothesis import strategies as st
+from shard_stage_cases import DENSE, MOE, PADDING, canonical_weights, stepped
 
-PADDING = -7.0
-"""What vocab padding rows hold before the first sync; no payload may touch them."""
-
-DENSE = ModelConfig(vocab=37, hidden=16, layers=2, heads=4, kv_heads=2, head_dim=4,
-                    intermediate=8, tie_word_embeddings=False)
-MOE = ModelConfig(vocab=21, hidden=8, layers=1, heads=4, kv_heads=1, head_dim=2,
-                  num_experts=4, moe_intermediate=4, tie_word_embeddings=True)
 LAYOUTS = [(DENSE, SGLangLayout()), (DENSE, SGLangLayout(tp=2, vocab_padding=3)),
            (DENSE, SGLangLayout(tp=4)), (MOE, SGLangLayout(tp=2, ep=2)),
            (MOE, SGLangLayout(tp=4, ep=2)), (MOE, SGLangLayout(tp=2))]
 IDS = [f"{'moe' if c.is_moe else 'dense'}-tp{l.tp}-ep{l.ep}-pad{l.vocab_padding}"
        for c, l in LAYOUTS]
-
-
-def _canonical(config: ModelConfig, seed: int) -> dict[str, torch.Tensor]:
-    gen = torch.Generator().manual_seed(seed)
-    return {name: (torch.randn(spec.shape, generator=gen) * 0.05).to(spec.dtype)
-            for name, spec in canonical_tensors(config).items()}
-
-
-def _step(weights: dict[str, torch.Tensor], seed: int, rate: float) -> dict[str, torch.Tensor]:
-    """Move a ``rate`` share of elements, most by one ulp, some far (raw escapes)."""
-    gen = torch.Generator().manual_seed(seed)
-    out = {}
-    for name, tensor in weights.items():
-        bits = tensor.clone().view(torch.int16).view(-1)
-        moved = torch.rand(bits.shape, generator=gen) < rate
-        jump = torch.randint(-3, 4, bits.shape, generator=gen, dtype=torch.int16)
-        jump = torch.where(torch.rand(bits.shape, generator=gen) < 0.1, jump * 1000, jump)
-        bits[moved] += jump[moved]
-        out[name] = bits.view(torch.bfloat16).view(tensor.shape)
-    return out
 
 
 def _ranks(config: ModelConfig, layout: SGLangLayout, canonical):
@@ -77,14 +51,14 @@ def _expected(shard, canonical):
 def test_full_then_deltas_equal_a_full_load(config, layout):
     """A full sync onto unrelated values, then deltas (residues, raw escapes, dense
     entries), leave every rank's fused tensors equal to a full load, padding untouched."""
-    weights = _canonical(config, 0)
-    ranks = _ranks(config, layout, _canonical(config, 1))
+    weights = canonical_weights(config, 0)
+    ranks = _ranks(config, layout, canonical_weights(config, 1))
     full = encode_full(weights, stream_id="s", version=1)
     for shard, receiver in ranks:
         assert receiver.receive(full).accepted
         assert first_difference(_expected(shard, weights), receiver.weights) is None
     for version, rate in ((2, 0.02), (3, 0.3), (4, 1.0)):
-        new = _step(weights, version, rate)
+        new = stepped(weights, version, rate)
         changes = {name: diff(weights[name], new[name]) for name in new}
         data = encode_delta(new, changes, stream_id="s", base_version=version - 1,
                             version=version)
@@ -100,18 +74,18 @@ def test_megatron_source_equals_a_full_load(config, layout):
     ``linear_fc1``, grouped experts): its full and delta payloads, named by its own
     tensors, land on every SGLang rank as a full load of the same canonical weights."""
     source = megatron_shard(config, MegatronLayout(), rank=0)
-    canonical = _canonical(config, 0)
+    canonical = canonical_weights(config, 0)
     ranks = []
     for rank in range(layout.tp):
         shard = sglang_shard(config, layout, rank=rank)
-        local = materialize(shard, _canonical(config, 1), fill=PADDING)
+        local = materialize(shard, canonical_weights(config, 1), fill=PADDING)
         ranks.append((shard, Receiver(local, stage=ShardStage.of(source, shard, local))))
     weights = materialize(source, canonical)
     for shard, receiver in ranks:
         assert receiver.receive(encode_full(weights, stream_id="s", version=1)).accepted
         assert first_difference(_expected(shard, canonical), receiver.weights) is None
     for version, rate in ((2, 0.02), (3, 0.3)):
-        canonical = _step(canonical, version, rate)
+        canonical = stepped(canonical, version, rate)
         new = materialize(source, canonical)
         data = encode_delta(new, {n: diff(weights[n], new[n]) for n in new}, stream_id="s",
                             base_version=version - 1, version=version)
@@ -126,8 +100,8 @@ def test_delta_equals_full_load(case, seed, rate):
     """Property: for any seed and change rate, one delta equals a full load of the new
     weights on every rank."""
     config, layout = case
-    old = _canonical(config, seed)
-    new = _step(old, seed + 1, rate)
+    old = canonical_weights(config, seed)
+    new = stepped(old, seed + 1, rate)
     data = encode_delta(new, {n: diff(old[n], new[n]) for n in new}, stream_id="s",
                         base_version=1, version=2)
     for shard, receiver in _ranks(config, layout, old):
@@ -140,7 +114,7 @@ def test_box_entries_cut_across_ranks():
     """Box entries in canonical space (a part of a tensor, as from one of several
     senders) land in every rank that holds part of them, and nowhere else."""
     config, layout = DENSE, SGLangLayout(tp=2)
-    old = _canonical(config, 0)
+    old = canonical_weights(config, 0)
     name = "model.layers.1.mlp.up_proj.weight"
     new = dict(old)
     new[name] = old[name].clone()
@@ -154,7 +128,7 @@ def test_box_entries_cut_across_ranks():
 
 
 def _rejected(config, layout, data, rejection: Rejection, detail: str) -> None:
-    weights = _canonical(config, 0)
+    weights = canonical_weights(config, 0)
     for shard, receiver in _ranks(config, layout, weights):
         receiver.version, receiver.stream_id = 1, "s"
         ack = receiver.receive(data)
@@ -174,7 +148,7 @@ def test_unknown_tensor_is_a_mismatch():
 
 def test_full_payload_must_cover_every_canonical_tensor():
     """A full payload without some tensor is refused on every rank."""
-    weights = _canonical(DENSE, 0)
+    weights = canonical_weights(DENSE, 0)
     del weights["model.norm.weight"]
     _rejected(DENSE, SGLangLayout(tp=2), encode_full(weights, stream_id="s", version=2),
               Rejection.MISMATCH, "entries: expected every tensor of the receiver, got a "
@@ -193,8 +167,8 @@ def test_failed_write_restores_every_rank_tensor(monkeypatch):
     """A write failing after others of the same delta (several fused tensors) restores
     them all: the rank stays at its version, bit for bit."""
     config, layout = DENSE, SGLangLayout(tp=2)
-    old = _canonical(config, 0)
-    new = _step(old, 1, 0.2)
+    old = canonical_weights(config, 0)
+    new = stepped(old, 1, 0.2)
     data = encode_delta(new, {n: diff(old[n], new[n]) for n in new}, stream_id="s",
                         base_version=1, version=2)
     original, calls = Staged.write, []
@@ -216,7 +190,8 @@ def test_failed_write_restores_every_rank_tensor(monkeypatch):
 def test_stage_checks_the_local_tensors():
     """Local tensors that are not the shard's (here SGLang TP 2 tensors for a TP 1 shard)
     are refused when the stage is built."""
-    local = materialize(sglang_shard(DENSE, SGLangLayout(tp=2), rank=0), _canonical(DENSE, 0))
+    local = materialize(sglang_shard(DENSE, SGLangLayout(tp=2), rank=0),
+                        canonical_weights(DENSE, 0))
     with pytest.raises(ValueError) as info:
         ShardStage.of(hf_shard(DENSE), sglang_shard(DENSE, SGLangLayout(), rank=0), local)
     assert ("tensor 'model.embed_tokens.weight': shape: expected (64, 16), got (32, 16)"
@@ -226,7 +201,7 @@ def test_stage_checks_the_local_tensors():
 def test_stage_refuses_strided_tensors():
     """Writes go through flat views, so a strided local tensor is refused up front."""
     shard = sglang_shard(DENSE, SGLangLayout(), rank=0)
-    local = materialize(shard, _canonical(DENSE, 0))
+    local = materialize(shard, canonical_weights(DENSE, 0))
     name = "model.layers.0.self_attn.o_proj.weight"
     local[name] = local[name].t().contiguous().t()
     with pytest.raises(ValueError) as info:
@@ -240,8 +215,8 @@ def test_a_delta_into_a_local_tensor_replaced_by_a_strided_one_is_a_mismatch():
     views, so the delta is refused with a ``MismatchError`` naming the tensor, and every
     local tensor keeps its values, bit for bit."""
     config, layout = DENSE, SGLangLayout()
-    old = _canonical(config, 0)
-    new = _step(old, 1, 0.2)
+    old = canonical_weights(config, 0)
+    new = stepped(old, 1, 0.2)
     data = encode_delta(new, {n: diff(old[n], new[n]) for n in new}, stream_id="s",
                         base_version=1, version=2)
     shard, receiver = _ranks(config, layout, old)[0]
@@ -263,16 +238,17 @@ def test_full_versions_after_one_that_passed_are_still_checked():
     """A stream's full versions are checked once per table and regions; one whose table
     differs in a single tensor's shape, after two that passed, is refused before
     anything is written: the rank stays at its version, bit for bit."""
-    shard, receiver = _ranks(DENSE, SGLangLayout(tp=2), _canonical(DENSE, 0))[0]
+    shard, receiver = _ranks(DENSE, SGLangLayout(tp=2), canonical_weights(DENSE, 0))[0]
     for version in (1, 2):
-        data = encode_full(_canonical(DENSE, version), stream_id="s", version=version)
+        data = encode_full(canonical_weights(DENSE, version), stream_id="s", version=version)
         assert receiver.receive(data).accepted
-    wrong = _canonical(DENSE, 3) | {"model.norm.weight": torch.zeros(17, dtype=torch.bfloat16)}
+    wrong = (canonical_weights(DENSE, 3)
+             | {"model.norm.weight": torch.zeros(17, dtype=torch.bfloat16)})
     ack = receiver.receive(encode_full(wrong, stream_id="s", version=3))
     assert (False, 2, Rejection.MISMATCH,
             "tensor 'model.norm.weight': shape: expected (16,), got (17,)") == (
         ack.accepted, ack.version, ack.rejection, ack.detail)
-    assert first_difference(_expected(shard, _canonical(DENSE, 2)), receiver.weights) is None
+    assert first_difference(_expected(shard, canonical_weights(DENSE, 2)), receiver.weights) is None
 
 
 def test_deltas_are_checked_once_per_table_skeleton(monkeypatch):
@@ -287,11 +263,11 @@ def test_deltas_are_checked_once_per_table_skeleton(monkeypatch):
     calls = []
     monkeypatch.setattr(shard_stage, "check_fit",
                         lambda *args, **kw: calls.append(1) or check_fit(*args, **kw))
-    weights = _canonical(DENSE, 0)
+    weights = canonical_weights(DENSE, 0)
     shard, receiver = _ranks(DENSE, SGLangLayout(tp=2), weights)[0]
     receiver.version, receiver.stream_id = 1, "s"
     for version in range(2, 7):
-        new = _step(weights, version, 0.3)
+        new = stepped(weights, version, 0.3)
         for tensor in new.values():  # every tensor changes: the same table skeleton
             tensor.view(-1).view(torch.int16)[0] += 1
         data = encode_delta(new, {n: diff(weights[n], new[n]) for n in new}, stream_id="s",
@@ -300,7 +276,7 @@ def test_deltas_are_checked_once_per_table_skeleton(monkeypatch):
         assert receiver.receive(data).accepted
         assert first_difference(_expected(shard, weights), receiver.weights) is None
     assert 1 == len(calls)
-    new = _step(weights, 7, 0.3)
+    new = stepped(weights, 7, 0.3)
     changes = {n: diff(weights[n], new[n]) for n in new}
     new["model.norm.weight"] = torch.zeros(17, dtype=torch.bfloat16)
     changes["model.norm.weight"] = diff(torch.ones(17, dtype=torch.bfloat16),

@@ -17,8 +17,8 @@ from dte_codec import box_copy, decode, encode_full
 from dte_codec.box_copy import StagedCopies
 from dte_codec.geometry import materialize
 from dte_codec.sglang_layout import sglang_shard
-from shard_stage_cases import CASES, IDS, delta_frame, on_cpu, receiver_pair, source_shard
-from test_shard_stage import _canonical, _step
+from shard_stage_cases import (CASES, IDS, canonical_weights, delta_frame, on_cpu, receiver_pair,
+                               source_shard, stepped)
 
 pytestmark = needs_triton
 
@@ -42,9 +42,9 @@ def _check_copied(config, layout, kind):
     source = source_shard(config, kind)
     for rank in range(layout.tp):
         reference, copied = receiver_pair(source, sglang_shard(config, layout, rank=rank),
-                                          _canonical(config, 0))
+                                          canonical_weights(config, 0))
         for version, seed in ((2, 1), (3, 2)):
-            data = encode_full(materialize(source, _canonical(config, seed)), stream_id="s",
+            data = encode_full(materialize(source, canonical_weights(config, seed)), stream_id="s",
                                version=version)
             assert reference.receive(data).accepted
             with kernels():
@@ -65,9 +65,9 @@ def test_copied_full_after_a_local_tensor_is_replaced(how, dtype):
     config, layout, kind = CASES[0]
     source = source_shard(config, kind)
     shard = sglang_shard(config, layout, rank=0)
-    reference, copied = receiver_pair(source, shard, _canonical(config, 0))
+    reference, copied = receiver_pair(source, shard, canonical_weights(config, 0))
     name = next(n for n in shard.tensors if "qkv_proj" in n)
-    frames = [encode_full(materialize(source, _canonical(config, version)), stream_id="s",
+    frames = [encode_full(materialize(source, canonical_weights(config, version)), stream_id="s",
                           version=version) for version in (2, 3)]
     assert reference.receive(frames[0]).accepted
     with kernels():
@@ -98,8 +98,8 @@ def test_a_local_tensor_replaced_by_a_strided_one_is_written_as_by_the_reference
     config, layout, source_kind = CASES[0]
     source = source_shard(config, source_kind)
     shard = sglang_shard(config, layout, rank=0)
-    versions = [_canonical(config, 0)]
-    versions += [_step(versions[-1], seed, 0.1) for seed in (1, 2)]
+    versions = [canonical_weights(config, 0)]
+    versions += [stepped(versions[-1], seed, 0.1) for seed in (1, 2)]
     reference, routed = receiver_pair(source, shard, versions[0])
     name = next(n for n in shard.tensors if "qkv_proj" in n)
     first = delta_frame(config, source, versions[0], versions[1])

@@ -22,8 +22,8 @@ from dte_codec.flat_decode import INDEX_SECTIONS
 from forge import redigest
 from dte_codec.sglang_layout import sglang_shard
 from dte_transport import Rejection
-from shard_stage_cases import CASES, delta_frame, on_cpu, receiver_pair, source_shard
-from test_shard_stage import _canonical, _step
+from shard_stage_cases import (CASES, canonical_weights, delta_frame, on_cpu, receiver_pair,
+                               source_shard, stepped)
 
 pytestmark = needs_triton
 
@@ -51,8 +51,8 @@ def _queued_pair(monkeypatch):
     monkeypatch.setattr(QueuedChecks, "settle", settle)
     config, layout, kind = CASES[3]
     source = source_shard(config, kind)
-    old = _canonical(config, 0)
-    data = delta_frame(config, source, old, _step(old, 1, 0.1))
+    old = canonical_weights(config, 0)
+    data = delta_frame(config, source, old, stepped(old, 1, 0.1))
     reference, routed = receiver_pair(source, sglang_shard(config, layout, rank=1), old)
     return reference, routed, data, settled
 

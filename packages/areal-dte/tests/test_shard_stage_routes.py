@@ -30,9 +30,8 @@ from dte_codec.routes import StagedRoutes
 from dte_codec.sglang_layout import SGLangLayout, sglang_shard
 from dte_detector import diff
 from dte_transport import Receiver, Rejection
-from shard_stage_cases import (CASES, IDS, delta_frame, on_cpu, receiver_pair,
-                               source_shard)
-from test_shard_stage import DENSE, PADDING, _canonical, _step
+from shard_stage_cases import (CASES, DENSE, IDS, PADDING, canonical_weights, delta_frame, on_cpu,
+                               receiver_pair, source_shard, stepped)
 
 pytestmark = needs_triton
 
@@ -45,8 +44,8 @@ def test_routed_delta_equals_the_reference(config, layout, kind, rate, narrow, m
     64-bit coordinates."""
     monkeypatch.setattr(routes, "_NARROW", narrow)
     source = source_shard(config, kind)
-    old = _canonical(config, 0)
-    data = delta_frame(config, source, old, _step(old, 1, rate))
+    old = canonical_weights(config, 0)
+    data = delta_frame(config, source, old, stepped(old, 1, rate))
     for rank in range(layout.tp):
         reference, routed = receiver_pair(source, sglang_shard(config, layout, rank=rank), old)
         assert reference.receive(data).accepted
@@ -63,8 +62,8 @@ def test_delta_decoded_in_one_body_is_routed_from_it(monkeypatch):
     ends bit for bit as the reference's."""
     config, layout, kind = CASES[3]
     source = source_shard(config, kind)
-    old = _canonical(config, 0)
-    data = delta_frame(config, source, old, _step(old, 1, 0.02))
+    old = canonical_weights(config, 0)
+    data = delta_frame(config, source, old, stepped(old, 1, 0.02))
     reference, routed = receiver_pair(source, sglang_shard(config, layout, rank=1), old)
     assert reference.receive(data).accepted
 
@@ -87,8 +86,8 @@ def test_stage_built_where_the_kernels_run_has_its_routes_before_the_first_delta
     none, and is routed bit for bit as the reference."""
     config, layout, kind = CASES[3]
     source, shard = source_shard(config, kind), sglang_shard(config, layout, rank=0)
-    old = _canonical(config, 0)
-    data = delta_frame(config, source, old, _step(old, 1, 0.02))
+    old = canonical_weights(config, 0)
+    data = delta_frame(config, source, old, stepped(old, 1, 0.02))
     reference, _ = receiver_pair(source, shard, old)
     assert reference.receive(data).accepted
     with kernels():
@@ -112,7 +111,7 @@ def test_source_columns_are_shared_by_the_deltas_of_a_stream():
     (a stream's deltas): no copy per delta; another set of names gets its own."""
     config, layout, kind = CASES[3]
     source, shard = source_shard(config, kind), sglang_shard(config, layout, rank=0)
-    local = materialize(shard, _canonical(config, 0), fill=PADDING)
+    local = materialize(shard, canonical_weights(config, 0), fill=PADDING)
     stage = ShardStage.of(source, shard, local)
     table = routes.Routes.of(stage.transfers,
                              {n: tuple(t.shape) for n, t in stage.canonical.items()},
@@ -143,8 +142,8 @@ def test_routes_write_a_replaced_local_tensor_at_its_new_address(how):
     table of local addresses is remade when an address changes."""
     config, layout, kind = CASES[0]
     source = source_shard(config, kind)
-    versions = [_canonical(config, 0)]
-    versions += [_step(versions[-1], seed, 0.1) for seed in (1, 2)]
+    versions = [canonical_weights(config, 0)]
+    versions += [stepped(versions[-1], seed, 0.1) for seed in (1, 2)]
     before, after = (materialize(source, v) for v in versions[1:])
     second = encode_delta(after, {n: diff(before[n], after[n]) for n in after},
                           stream_id="s", base_version=2, version=3)
@@ -173,8 +172,8 @@ def test_routed_write_failure_restores_the_rank(monkeypatch):
     for bit (the undo log is the gather taken before the write)."""
     config, layout = DENSE, SGLangLayout(tp=2)
     source = source_shard(config, "megatron")
-    old = _canonical(config, 0)
-    data = delta_frame(config, source, old, _step(old, 1, 0.3))
+    old = canonical_weights(config, 0)
+    data = delta_frame(config, source, old, stepped(old, 1, 0.3))
     original = StagedRoutes.write
 
     def write(self):
@@ -196,8 +195,8 @@ def test_unresolvable_residues_are_refused_as_by_the_reference():
     delta with its error, writing nothing."""
     config, layout = DENSE, SGLangLayout()
     source = source_shard(config, "hf")
-    old = _canonical(config, 0)
-    data = delta_frame(config, source, old, _step(old, 1, 0.3))
+    old = canonical_weights(config, 0)
+    data = delta_frame(config, source, old, stepped(old, 1, 0.3))
     held = {n: torch.full_like(t, float("inf")) for n, t in old.items()}
     reference, routed = receiver_pair(source, sglang_shard(config, layout, rank=0), held)
     expected = reference.receive(data)
@@ -235,7 +234,7 @@ def test_boxes_without_lookup_and_replicas(replicated):
     source, shard = _quadrant_shard(replicated)
     gen = torch.Generator().manual_seed(0)
     old = {n: torch.randn(s.shape, generator=gen).to(s.dtype) for n, s in source.tensors.items()}
-    new = _step(old, 1, 0.1)
+    new = stepped(old, 1, 0.1)
     data = encode_delta(new, {n: diff(old[n], new[n]) for n in new}, stream_id="s",
                         base_version=1, version=2)
     reference, routed = receiver_pair(source, shard, old)
@@ -258,8 +257,8 @@ def test_random_plans_route_as_the_reference(case):
     on the first two target ranks bit for bit as the reference puts it."""
     config, source_layout, target_layout, seed, rate = case
     source = shards(config, source_layout)[0]
-    old = _canonical(config, seed % 1000)
-    new = _step(old, seed % 1000 + 1, rate)
+    old = canonical_weights(config, seed % 1000)
+    new = stepped(old, seed % 1000 + 1, rate)
     data = delta_frame(config, source, old, new)
     for shard in shards(config, target_layout)[:2]:
         reference, routed = receiver_pair(source, shard, old)

@@ -203,10 +203,10 @@ def test_first_syncs_compile_no_codec_kernel(method):
     from dte_codec.layouts import hf_shard
     from dte_codec.sglang_layout import SGLangLayout, sglang_shard
     from kernel_mode import compiled_codec_kernels, forget_codec_kernels
-    from test_shard_stage import DENSE, _canonical
+    from shard_stage_cases import DENSE, canonical_weights
 
     forget_codec_kernels()
-    canonical = _canonical(DENSE, seed=1)
+    canonical = canonical_weights(DENSE, seed=1)
     masters = {n: torch.nn.Parameter(t.float().cuda()) for n, t in canonical.items()}
     shard = sglang_shard(DENSE, SGLangLayout(tp=2, vocab_padding=3), rank=1)
     local = {n: t.cuda() for n, t in materialize(shard, canonical).items()}

@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from .entry import Entry
+from .fields import starts_of
 from .table_bytes import NAME_LENGTH, pack_entry
 
 FIELDS = np.dtype([("index_encoding", "u1"), ("value_encoding", "u1"), ("index_width", "u1"),
@@ -44,8 +45,7 @@ class EntryTemplates:
             return b""
         table = np.frombuffer(bytearray(b"".join([self.templates[r] for r in rows.tolist()])),
                               np.uint8)
-        sizes = self.sizes[rows]
-        at = np.cumsum(sizes) - sizes + self.fields_at[rows]
+        at = starts_of(self.sizes[rows]) + self.fields_at[rows]
         table[at[:, None] + np.arange(FIELDS.itemsize)] = fields.view(np.uint8).reshape(
             len(rows), FIELDS.itemsize)
         return table.tobytes()

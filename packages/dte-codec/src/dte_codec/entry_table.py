@@ -22,6 +22,7 @@ from .bits import ceil_bytes
 from .encodings import (BITMAP, BOX, DENSE, ELIAS_FANO, GAP8, INT32, INT64, RAW, RESIDUE,
                         IndexEncoding, Kind, align, index_itemsizes)
 from .entry import Entry
+from .fields import starts_of
 from .table_skeleton import Entries, static_columns
 
 EXACT_NUMEL = 2**40
@@ -64,14 +65,12 @@ class Sections:
     @functools.cached_property
     def offsets(self) -> np.ndarray:
         """Each section's byte offset in the body (int64, as ``size_array``)."""
-        padded = align(self.size_array)
-        return np.cumsum(padded) - padded
+        return starts_of(align(self.size_array))
 
     @functools.cached_property
     def firsts(self) -> np.ndarray:
         """Each entry's first section, as a position in ``sizes``."""
-        per_entry = np.asarray(self._per_entry, dtype=np.int64)
-        return np.cumsum(per_entry) - per_entry
+        return starts_of(np.asarray(self._per_entry, dtype=np.int64))
 
 
 class EntryTable:

@@ -121,9 +121,7 @@ class Segments:
 
     @classmethod
     def of(cls, counts: list[int], device: torch.device) -> Segments:
-        starts = [0]
-        for count in counts[:-1]:
-            starts.append(starts[-1] + count)
+        starts = exclusive(counts)
         total = sum(counts)
         # Segment ids by a prefix sum of start marks (several at one position when
         # segments are empty): cheaper than repeat_interleave on the CPU, and sync-free.
@@ -205,7 +203,7 @@ def host_tables(tables: Sequence[list[list[int]] | np.ndarray], device: torch.de
     it is given."""
     arrays = [np.ascontiguousarray(t, dtype=np.int64) for t in tables]
     padded = [a.size + a.size % 2 for a in arrays]  # int64 pairs: 16 bytes
-    starts = (np.cumsum(padded) - padded).tolist()
+    starts = exclusive(padded)
     if device.type == "cuda":
         flat = _stage(device).copy(arrays, starts, sum(padded))
     else:
@@ -226,6 +224,16 @@ def starts_of(sizes: _Sizes) -> _Sizes:
     of the same kind as ``sizes`` (a numpy array on the host, a tensor on its device,
     with no host synchronization)."""
     return sizes.cumsum(0) - sizes
+
+
+def exclusive(sizes: list[int]) -> list[int]:
+    """Where each of consecutive runs of ``sizes`` starts: ``starts_of`` for a list of
+    Python ints."""
+    starts, total = [], 0
+    for size in sizes:
+        starts.append(total)
+        total += size
+    return starts
 
 
 def block_segments(blocks: torch.Tensor, total: int) -> torch.Tensor:

@@ -13,7 +13,7 @@ import math
 import attrs
 import torch
 
-from .fields import host_table
+from .fields import exclusive, host_table
 from .geometry import Transfer
 from .remap import affine_map, row_major_strides
 
@@ -98,15 +98,6 @@ class RemapLayout:
                    slots=host_table(_slot_rows(groups, dims), device),
                    items=host_table(item_rows, device),
                    blocks=host_table(_block_rows(groups, segments), device))
-
-
-def exclusive(sizes: list[int]) -> list[int]:
-    """Where each of consecutive runs of ``sizes`` starts."""
-    starts, total = [], 0
-    for size in sizes:
-        starts.append(total)
-        total += size
-    return starts
 
 
 @attrs.frozen

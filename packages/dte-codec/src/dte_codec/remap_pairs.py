@@ -13,12 +13,12 @@ import attrs
 import torch
 
 from .encodings import INDEX32_LIMIT
-from .fields import host_table
+from .fields import exclusive, host_table, starts_of
 from .remap import Remapped, check_range, out_of_range_flag, row_major_strides
 from .remap_layout import (BLOCK_BASE, BLOCK_IN_ITEM_ORDER, BLOCK_IN_PAIR_ORDER, BLOCK_SEGMENT,
                            BLOCK_SEGMENT_START, ELEMENT_START, ELEMENTS, ITEM_ELEMENT_START,
                            ITEMS, MASK_START, SHAPE, SLOT_BASE, Group, ItemGeometry, RemapLayout,
-                           Target, exclusive)
+                           Target)
 
 if TYPE_CHECKING:
     from .batched_remap import RemapItem
@@ -118,7 +118,7 @@ def reorder(pairs: _Pairs, layout: RemapLayout) -> tuple[_Keyed, torch.Tensor]:
     old_start = torch.searchsorted(pairs.block, torch.arange(count + 1, device=blocks.device))
     old_sizes = old_start[1:] - old_start[:-1]
     new_sizes = old_sizes.index_select(0, blocks[BLOCK_IN_PAIR_ORDER])
-    new_start = torch.cumsum(new_sizes, 0) - new_sizes
+    new_start = starts_of(new_sizes)
     item_block = blocks[BLOCK_IN_ITEM_ORDER].index_select(0, pairs.block)
     n = pairs.element.numel()
     dest = (new_start.index_select(0, item_block) + torch.arange(n, device=blocks.device)

@@ -29,7 +29,7 @@ import torch
 
 from .dispatch import on_device
 from .encodings import ValueEncoding, align
-from .fields import WORD_BYTES, block_segments, host_table, host_tables
+from .fields import WORD_BYTES, block_segments, host_table, host_tables, starts_of
 from .flat_values import Residues
 from .geometry import Transfer
 from .remap import affine_map, check_boxes
@@ -289,9 +289,9 @@ class _Moves:
         counts, itemsize = sparse.columns["count"], sparse.columns["itemsize"]
         blocks = -(-counts // BLOCK)
         sizes = align(counts * itemsize)
-        offsets = np.cumsum(sizes) - sizes
+        offsets = starts_of(sizes)
         gathered = torch.empty(max(int(sizes.sum()), WORD_BYTES), dtype=torch.uint8, device=device)
-        own = {"first_block": np.cumsum(blocks) - blocks, "index_at": sparse.index_at,
+        own = {"first_block": starts_of(blocks), "index_at": sparse.index_at,
                "index_size": sparse.index_size, "itemsize": itemsize, "elements": counts,
                "blocks": blocks}
         start = ENTRY_COLUMNS.index(SOURCE_COLUMNS[0])

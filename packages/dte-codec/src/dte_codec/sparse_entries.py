@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from .entry import Entry
-from .fields import WORD_BYTES
+from .fields import WORD_BYTES, starts_of
 from .flat_decode import IS_SPARSE, VALUE_SECTIONS
 
 if TYPE_CHECKING:
@@ -56,7 +56,7 @@ class SparseEntries:
             names = tuple(map(names.__getitem__, picked.tolist()))
             columns = {name: column[picked] for name, column in columns.items()}
         return cls(names, columns,
-                   indices.data_ptr() + (np.cumsum(counts) - counts) * indices.element_size(),
+                   indices.data_ptr() + starts_of(counts) * indices.element_size(),
                    np.full(picked.size, indices.element_size(), dtype=np.int64),
                    body + value_at[:, picked], fields_bytes[picked], (indices, flat.body),
                    flat.body.device)
