@@ -27,7 +27,11 @@ import triton.language as tl
 from .changes import index_dtype
 
 _GATHER_SLOTS = 4096
-"""Slab slots one ``_gather`` program moves (a few tiles' worth)."""
+"""Slab slots one ``_gather`` program holds at once (``TILES`` tiles of ``CHUNK``)."""
+_GATHER_CHUNK = 64
+"""Slots per tile and step of a ``_gather`` program: its steps go up to the fullest of its
+tiles, so that a sparse sync (a few dozen pairs in a tile of 256 slots) walks a quarter of
+the slab instead of all of it."""
 
 
 @triton.jit
@@ -155,25 +159,27 @@ def place(index_ptr, values_ptr, total, at, flags, offsets, first, second,
 @triton.jit(do_not_specialize=["tiles", "total", "steps"])
 def _gather(counts_ptr, ends_ptr, slab_ptr, starts_ptr, index_ptr, values_ptr, tiles, total,
             steps, VALUES: tl.constexpr, ROWS: tl.constexpr, SLAB: tl.constexpr,
-            TILES: tl.constexpr):
+            TILES: tl.constexpr, CHUNK: tl.constexpr):
     """Move the slabs of ``TILES`` tiles to their sorted place in the outputs (a tile's
-    first slot: its inclusive end less its count)."""
+    first slot: its inclusive end less its count), ``CHUNK`` slots of each tile per step,
+    as many steps as the fullest tile needs."""
     tile = tl.program_id(0).to(tl.int64) * TILES + tl.arange(0, TILES)[:, None]
     count = tl.load(counts_ptr + tile, mask=tile < tiles, other=0)
     first = tl.load(ends_ptr + tile, mask=tile < tiles, other=0) - count
     # the dense pass writes those tiles; int32, as the slots are (an int64 count makes
     # every slot's compare an int64 one)
     count = tl.where(count <= SLAB, count, 0).to(tl.int32)
-    slot = tl.arange(0, SLAB)[None, :]
-    staged = slot < count
-    at = first + slot
-    own = tile - tl.load(starts_ptr + locate(starts_ptr, tile, steps))
-    word = tl.load(slab_ptr + tile * SLAB + slot, mask=staged, other=0).to(tl.int64)
-    tl.store(index_ptr + at, (own * (ROWS * 8) + (word & 0xFFFF)).to(index_ptr.dtype.element_ty),
-             mask=staged)
-    for row in tl.static_range(VALUES):
-        tl.store(values_ptr + row * total + at, (word >> (16 * (row + 1))).to(tl.int16),
+    own = (tile - tl.load(starts_ptr + locate(starts_ptr, tile, steps))) * (ROWS * 8)
+    for step in range(0, tl.max(count), CHUNK):
+        slot = step + tl.arange(0, CHUNK)[None, :]
+        staged = slot < count
+        at = first + slot
+        word = tl.load(slab_ptr + tile * SLAB + slot, mask=staged, other=0).to(tl.int64)
+        tl.store(index_ptr + at, (own + (word & 0xFFFF)).to(index_ptr.dtype.element_ty),
                  mask=staged)
+        for row in tl.static_range(VALUES):
+            tl.store(values_ptr + row * total + at, (word >> (16 * (row + 1))).to(tl.int16),
+                     mask=staged)
 
 
 def tile_elements(rows: int) -> int:
@@ -222,10 +228,11 @@ def gather(counts: torch.Tensor, ends: torch.Tensor, total: int, slab: torch.Ten
     staged = torch.empty((values, total), dtype=torch.int16, device=counts.device)
     if total and capacity:  # no slab slots: every tile with a change is dense
         tiles = counts.numel()
-        per_program = max(1, _GATHER_SLOTS // capacity)
+        chunk = min(_GATHER_CHUNK, capacity)
+        per_program = max(1, _GATHER_SLOTS // chunk)
         _gather[(triton.cdiv(tiles, per_program),)](
             counts, ends, slab, starts, indices, staged, tiles, total, steps, VALUES=values,
-            ROWS=rows, SLAB=capacity, TILES=per_program, num_warps=4)
+            ROWS=rows, SLAB=capacity, TILES=per_program, CHUNK=chunk, num_warps=4)
     return indices, staged
 
 
