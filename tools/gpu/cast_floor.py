@@ -38,12 +38,12 @@ from dte_detector.staging import stage
 BLOCK = 1024
 WARPS = 4
 SLAB = BLOCK // SLAB_FRACTION
-_ALL = -1
-VARIANTS = {  # name: (copy granule in elements, 0 none, _ALL everywhere; dirty bits; stage)
+ALL = tl.constexpr(-1)
+VARIANTS = {  # name: (copy granule in elements, 0 none, ALL everywhere; dirty bits; stage)
     "compare": (0, False, False), "+ copy flips": (1, False, False),
     "+ copy rows": (8, False, False), "+ copy sectors": (16, False, False),
-    "+ copy all": (_ALL, False, False), "+ copy rows + dirty": (8, True, False),
-    "+ copy all + dirty": (_ALL, True, False), "+ copy rows + dirty + stage": (8, True, True),
+    "+ copy all": (ALL.value, False, False), "+ copy rows + dirty": (8, True, False),
+    "+ copy all + dirty": (ALL.value, True, False), "+ copy rows + dirty + stage": (8, True, True),
 }
 
 
@@ -65,7 +65,7 @@ def _floor(master_ptr, model_ptr, dirty_ptr, counts_ptr, slab_ptr, numel, BLOCK:
         in_map = rows < (numel + 7) // 8
         before = tl.load(dirty_ptr + rows, mask=in_map, other=0)
         tl.store(dirty_ptr + rows, (before.to(tl.int32) | bits).to(tl.uint8), mask=in_map)
-    if GRANULE == -1:
+    if GRANULE == ALL:
         tl.store(model_ptr + offsets, cast, mask=inside)
     elif GRANULE == 1:
         tl.store(model_ptr + offsets, cast, mask=flips)
