@@ -2,7 +2,9 @@
 
 For each candidate ``ROWSxWARPSxWAVES`` (rows of 8 elements per tile, warps per program,
 programs per multiprocessor) this sets the constants of ``inversion_kernel`` and
-``cast_kernel``, then times the inversion as a sync runs it (``bench_kernels.InvertBatched``:
+``cast_kernel``, and with ``/SLOTSxCHUNK`` after it (or alone, the tiles' constants left
+as they are) those of the shared slab gather (``staging.GATHER_SLOTS``, ``GATHER_CHUNK``),
+then times the inversion as a sync runs it (``bench_kernels.InvertBatched``:
 one kept ``inverter.Inverter``, whose plan follows the tile size) and
 ``CastDetector.record_and_copy_all``
 over the trajectory of ``tools/gpu/bench_kernels.py`` (``--numel`` elements in tensors of
@@ -27,7 +29,7 @@ from bench_kernels import (CAST_BYTES, INVERSION_BYTES, CastRun, InvertBatched, 
                            copy_bandwidth, device_ms, median_ms, row_prefix, same, split,
                            trajectory)
 
-from dte_detector import cast_kernel, inversion_kernel
+from dte_detector import cast_kernel, inversion_kernel, staging
 
 
 def parse() -> argparse.Namespace:
@@ -42,16 +44,20 @@ def main() -> int:
     bandwidth = copy_bandwidth(numel, args)
     states, old, _ = trajectory(split(numel, args), args)
     meta = row_prefix(args, "tools/gpu/tune_kernels.py")
-    print("| date | sha | machine | command | kernel | rows x warps x waves | numel | ms "
+    print("| date | sha | machine | command | kernel | rows x warps x waves / gather | numel | ms "
           "| of copy | device ms | of copy (device) | == first |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     first = None
     bad = False
     invert = InvertBatched(states)  # one across candidates: its plan follows ROWS
     for candidate in args.candidates:
-        rows, warps, waves = (int(x) for x in candidate.split("x"))
-        for module in (inversion_kernel, cast_kernel):
-            module.ROWS, module.WARPS, module.WAVES = rows, warps, waves
+        tiles, _, gather = candidate.partition("/")
+        if tiles:
+            rows, warps, waves = (int(x) for x in tiles.split("x"))
+            for module in (inversion_kernel, cast_kernel):
+                module.ROWS, module.WARPS, module.WAVES = rows, warps, waves
+        if gather:
+            staging.GATHER_SLOTS, staging.GATHER_CHUNK = (int(x) for x in gather.split("x"))
         inverted = invert()
         inversion_ms = median_ms(invert, reps=args.reps, warmup=args.warmup)
         inversion_device = device_ms(invert, reps=args.reps)

@@ -26,9 +26,10 @@ import triton.language as tl
 
 from .changes import index_dtype
 
-_GATHER_SLOTS = 4096
-"""Slab slots one ``_gather`` program holds at once (``TILES`` tiles of ``CHUNK``)."""
-_GATHER_CHUNK = 64
+GATHER_SLOTS = 4096
+"""Slab slots one ``_gather`` program holds at once (``TILES`` tiles of ``CHUNK``;
+``tools/gpu/tune_kernels.py`` sets it and ``GATHER_CHUNK``)."""
+GATHER_CHUNK = 64
 """Slots per tile and step of a ``_gather`` program: its steps go up to the fullest of its
 tiles, so that a sparse sync (a few dozen pairs in a tile of 256 slots) walks a quarter of
 the slab instead of all of it."""
@@ -228,8 +229,8 @@ def gather(counts: torch.Tensor, ends: torch.Tensor, total: int, slab: torch.Ten
     staged = torch.empty((values, total), dtype=torch.int16, device=counts.device)
     if total and capacity:  # no slab slots: every tile with a change is dense
         tiles = counts.numel()
-        chunk = min(_GATHER_CHUNK, capacity)
-        per_program = max(1, _GATHER_SLOTS // chunk)
+        chunk = min(GATHER_CHUNK, capacity)
+        per_program = max(1, GATHER_SLOTS // chunk)
         _gather[(triton.cdiv(tiles, per_program),)](
             counts, ends, slab, starts, indices, staged, tiles, total, steps, VALUES=values,
             ROWS=rows, SLAB=capacity, TILES=per_program, CHUNK=chunk, num_warps=4)
