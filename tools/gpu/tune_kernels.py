@@ -57,7 +57,8 @@ def main() -> int:
             for module in (inversion_kernel, cast_kernel):
                 module.ROWS, module.WARPS, module.WAVES = rows, warps, waves
         if gather:
-            staging.GATHER_SLOTS, staging.GATHER_CHUNK = (int(x) for x in gather.split("x"))
+            staging.GATHER_SLOTS, staging.GATHER_CHUNK, staging.GATHER_WARPS = (
+                int(x) for x in (gather.split("x") + [staging.GATHER_WARPS])[:3])
         inverted = invert()
         inversion_ms = median_ms(invert, reps=args.reps, warmup=args.warmup)
         inversion_device = device_ms(invert, reps=args.reps)

@@ -26,10 +26,11 @@ import triton.language as tl
 
 from .changes import index_dtype
 
-GATHER_SLOTS = 4096
+GATHER_SLOTS = 256
 """Slab slots one ``_gather`` program holds at once (``TILES`` tiles of ``CHUNK``;
 ``tools/gpu/tune_kernels.py`` sets it and ``GATHER_CHUNK``)."""
 GATHER_CHUNK = 64
+GATHER_WARPS = 1
 """Slots per tile and step of a ``_gather`` program: its steps go up to the fullest of its
 tiles, so that a sparse sync (a few dozen pairs in a tile of 256 slots) walks a quarter of
 the slab instead of all of it."""
@@ -233,7 +234,7 @@ def gather(counts: torch.Tensor, ends: torch.Tensor, total: int, slab: torch.Ten
         per_program = max(1, GATHER_SLOTS // chunk)
         _gather[(triton.cdiv(tiles, per_program),)](
             counts, ends, slab, starts, indices, staged, tiles, total, steps, VALUES=values,
-            ROWS=rows, SLAB=capacity, TILES=per_program, CHUNK=chunk, num_warps=4)
+            ROWS=rows, SLAB=capacity, TILES=per_program, CHUNK=chunk, num_warps=GATHER_WARPS)
     return indices, staged
 
 
