@@ -2,21 +2,21 @@
 
 For each candidate ``ROWSxWARPSxWAVES`` (rows of 8 elements per tile, warps per program,
 programs per multiprocessor) this sets the constants of ``inversion_kernel`` and
-``cast_kernel``, and with ``/SLOTSxCHUNK`` after it (or alone, the tiles' constants left
-as they are) those of the shared slab gather (``staging.GATHER_SLOTS``, ``GATHER_CHUNK``),
-then times the inversion as a sync runs it (``bench_kernels.InvertBatched``:
-one kept ``inverter.Inverter``, whose plan follows the tile size) and
-``CastDetector.record_and_copy_all``
-over the trajectory of ``tools/gpu/bench_kernels.py`` (``--numel`` elements in tensors of
-``--tensor-numel``), wall time (CUDA events) and summed device time (torch.profiler,
-``bench_kernels.device_ms``), each as a fraction of the copy bandwidth measured in the
-same run over the kernel's minimal bytes. Every candidate's change sets (and the cast's
-model bits) must equal the first candidate's bit for bit; the script exits 1 otherwise.
-Prints one Markdown row per candidate and kernel.
+``cast_kernel``, and with ``/SLOTSxCHUNK[xWARPS]`` after it (or alone, the tiles' constants
+left as they are) those of the shared slab gather (``staging.GATHER_SLOTS``, ``GATHER_CHUNK``,
+``GATHER_WARPS``: the module's own when not given), then times the inversion as a sync
+runs it (``bench_kernels.InvertBatched``: one kept ``inverter.Inverter``, whose plan
+follows the tile size) and ``CastDetector.record_and_copy_all`` over the trajectory of
+``tools/gpu/bench_kernels.py`` (``--numel`` elements in tensors of ``--tensor-numel``),
+wall time (CUDA events) and summed device time (torch.profiler, ``bench_kernels.device_ms``),
+each as a fraction of the copy bandwidth measured in the same run over the kernel's minimal
+bytes. Every candidate's change sets (and the cast's model bits) must equal the first
+candidate's bit for bit; the script exits 1 otherwise. Prints one Markdown row per
+candidate and kernel.
 
 Run (GPU machine, from the repository root):
     PYTHONPATH=packages/dte-detector/src:packages/dte-codec/src:tools:tools/gpu \\
-        python3 tools/gpu/tune_kernels.py --candidates 128x4x16 32x1x32 --sha <sha>
+        python3 tools/gpu/tune_kernels.py --candidates 128x4x16 32x1x32 /1024x64x4 --sha <sha>
 """
 
 from __future__ import annotations
@@ -50,6 +50,7 @@ def main() -> int:
     first = None
     bad = False
     invert = InvertBatched(states)  # one across candidates: its plan follows ROWS
+    gather_warps = staging.GATHER_WARPS
     for candidate in args.candidates:
         tiles, _, gather = candidate.partition("/")
         if tiles:
@@ -57,8 +58,9 @@ def main() -> int:
             for module in (inversion_kernel, cast_kernel):
                 module.ROWS, module.WARPS, module.WAVES = rows, warps, waves
         if gather:
-            staging.GATHER_SLOTS, staging.GATHER_CHUNK, staging.GATHER_WARPS = (
-                int(x) for x in (gather.split("x") + [staging.GATHER_WARPS])[:3])
+            slots, chunk, *rest = (int(x) for x in gather.split("x"))
+            staging.GATHER_SLOTS, staging.GATHER_CHUNK = slots, chunk
+            staging.GATHER_WARPS = rest[0] if rest else gather_warps
         inverted = invert()
         inversion_ms = median_ms(invert, reps=args.reps, warmup=args.warmup)
         inversion_device = device_ms(invert, reps=args.reps)
