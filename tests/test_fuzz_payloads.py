@@ -3,8 +3,8 @@
 Acceptance: every mutation of a valid full or delta payload makes ``decode`` raise a
 ``CodecError`` (never ``IndexError``, ``struct.error``, ...) or yields a payload that is
 valid in its own right; ``Receiver.receive`` never raises, and a rejected payload leaves
-the receiver's bytes, version and stream as they were. A write that fails midway through
-an apply rolls every tensor back.
+the receiver's bytes, version and stream as they were. (A write that fails midway
+through an apply is covered by ``test_apply_rollback.py``.)
 
 Two modes. ``raw``: the mutated bytes as they are, which the digest (or the size checks
 before it) must catch. ``redigested``: the digest recomputed after the mutation, so that
@@ -27,18 +27,15 @@ import pytest
 import torch
 from bitwise import first_difference
 from forge import redigest
-from dte_codec import CodecError, Kind, apply_, decode, digests, encode_delta, encode_full
-from dte_codec.apply import Staged
+from dte_codec import CodecError, Kind, decode, digests
 from dte_codec.encodings import DTYPE_CODES, IndexEncoding, ValueEncoding, align
-from dte_codec.errors import ApplyError, DigestError, EntryError, HeaderError
+from dte_codec.errors import DigestError, EntryError, HeaderError
 from dte_codec.header import Header
 from dte_codec.region import Box
-from dte_detector import ChangeSet, diff
-from dte_detector.changes import unknown_bounds
 from dte_transport import Receiver, Rejection
 from hypothesis import settings
+from sample_payloads import STREAM, Sample, build_sample, fresh_receiver, snapshot, step
 
-STREAM = "fuzz-stream"
 CASES_PER_EXAMPLE = 50
 """Fuzz cases per mode for each Hypothesis example of the active profile."""
 MAX_BODY = 1 << 22
@@ -59,68 +56,9 @@ _ENTRY_FIELDS = (  # name, offset after the name, width
 _ENTRY_FIXED = 32
 
 
-def _weights() -> dict[str, torch.Tensor]:
-    """The receiver's tensors at version 1: several dtypes, a 0-d and an empty tensor."""
-    gen = torch.Generator().manual_seed(1234)
-    return {
-        "embed": torch.randn(64, 48, generator=gen).to(torch.bfloat16),
-        "proj": torch.randn(40, 33, generator=gen).to(torch.float16),
-        "norm": torch.randn(33, generator=gen),
-        "bias": torch.randn(7, generator=gen),
-        "grid": torch.randn(6000, generator=gen).to(torch.bfloat16),
-        "scale": torch.tensor(0.5, dtype=torch.bfloat16),
-        "empty": torch.empty(0, 4),
-    }
-
-
-def _step(weights: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], dict]:
-    """Version 2 and its change sets: sparse +-1 ulp (Elias-Fano), 40 % (bitmap), evenly
-    spaced (GAP8), dense, raw escapes and unknown bounds."""
-    gen = torch.Generator().manual_seed(99)
-    new = {name: t.clone() for name, t in weights.items()}
-
-    def bump(name: str, rate: float, ulps: int = 1) -> None:
-        flat = new[name].view(-1)
-        ints = flat.view({2: torch.int16, 4: torch.int32}[flat.element_size()])
-        picked = torch.rand(flat.numel(), generator=gen) < rate
-        ints[picked] += torch.randint(-ulps, ulps + 1, (int(picked.sum()),), generator=gen,
-                                      dtype=ints.dtype)
-
-    bump("embed", 0.04)
-    new["embed"].view(-1)[[5, 900, 3000]] = torch.tensor([float("nan"), 1e4, -0.0],
-                                                           dtype=torch.bfloat16)
-    bump("proj", 0.5, ulps=2)
-    new["norm"] += 1.0
-    new["grid"][100::190] *= 2
-    new["scale"].fill_(0.75)
-    changes = {name: diff(weights[name], new[name]) for name in weights}
-    bias_idx = torch.tensor([2], dtype=torch.int32)
-    new["bias"][2] = -7.0
-    low, high = unknown_bounds(torch.float32, 1, torch.device("cpu"))
-    changes["bias"] = ChangeSet(bias_idx, low, high)
-    return new, changes
-
-
-@attrs.frozen
-class _Setup:
-    weights: dict[str, torch.Tensor]
-    full: bytes
-    delta: bytes
-
-
 @pytest.fixture(scope="module")
-def setup() -> _Setup:
-    weights = _weights()
-    new, changes = _step(weights)
-    full = encode_full(weights, stream_id=STREAM, version=1)
-    delta = encode_delta(new, changes, stream_id=STREAM, base_version=1, version=2)
-    return _Setup(weights, bytes(full), bytes(delta))  # fuzzed as the bytes of files and links
-
-
-def _fresh_receiver(setup: _Setup) -> Receiver:
-    receiver = Receiver({name: torch.empty_like(t) for name, t in setup.weights.items()})
-    assert receiver.receive(setup.full).accepted
-    return receiver
+def setup() -> Sample:
+    return build_sample()
 
 
 def _field_spans(data: bytes) -> list[tuple[str, int, int]]:
@@ -225,7 +163,7 @@ def _reshaped(data: bytes, rng: random.Random) -> tuple[str, bytes] | None:
     return f"entry {entry.name!r} {field} -> {value!r}", redigest(forged.pack() + body)
 
 
-def _cases(setup: _Setup, mode: str, count: int, seed: int) -> Iterator[tuple[str, bytes]]:
+def _cases(setup: Sample, mode: str, count: int, seed: int) -> Iterator[tuple[str, bytes]]:
     rng = random.Random(seed)
     spans = {id(p): _field_spans(p) for p in (setup.full, setup.delta)}
     produced = 0
@@ -244,10 +182,6 @@ def _cases(setup: _Setup, mode: str, count: int, seed: int) -> Iterator[tuple[st
             continue
         produced += 1
         yield f"{label}: {what}", mutated
-
-
-def _snapshot(receiver: Receiver) -> dict[str, torch.Tensor]:
-    return {name: t.clone() for name, t in receiver.weights.items()}
 
 
 def _check_accepted(receiver: Receiver, before: dict[str, torch.Tensor], data: bytes,
@@ -275,9 +209,9 @@ def _check_accepted(receiver: Receiver, before: dict[str, torch.Tensor], data: b
         assert bool(unchanged.all()), f"{what}: {name} changed outside the payload's indices"
 
 
-def _fuzz(setup: _Setup, mode: str, count: int, seed: int) -> collections.Counter:
-    receiver = _fresh_receiver(setup)
-    before = _snapshot(receiver)
+def _fuzz(setup: Sample, mode: str, count: int, seed: int) -> collections.Counter:
+    receiver = fresh_receiver(setup)
+    before = snapshot(receiver)
     expected = digests(before)
     outcomes: collections.Counter = collections.Counter()
     for what, mutated in _cases(setup, mode, count, seed):
@@ -298,7 +232,7 @@ def _fuzz(setup: _Setup, mode: str, count: int, seed: int) -> collections.Counte
             assert "decoded" == decoded, what
             outcomes["accepted"] += 1
             _check_accepted(receiver, before, mutated, what)
-            receiver = _fresh_receiver(setup)
+            receiver = fresh_receiver(setup)
             continue
         outcomes[ack.rejection.name] += 1
         assert ack.rejection != Rejection.APPLY_FAILED, what
@@ -315,8 +249,8 @@ def _count() -> int:
 
 def test_valid_payloads_apply(setup):
     """The unmutated full and delta payloads are accepted: the fuzz starts from valid bytes."""
-    receiver = _fresh_receiver(setup)
-    new, _ = _step(setup.weights)
+    receiver = fresh_receiver(setup)
+    new, _ = step(setup.weights)
     ack = receiver.receive(setup.delta)
     assert ack.accepted and 2 == ack.version
     assert first_difference(new, receiver.weights) is None
@@ -363,62 +297,6 @@ def test_reshaped_entries_raise_only_codec_errors(setup):
     assert outcomes["EntryError"] > 0 and outcomes["HeaderError"] > 0
 
 
-def _failing_write(monkeypatch, k: int, *, after_writing: bool) -> list[str]:
-    """Make the k-th ``Staged.write`` (1-based) raise, before or after it writes."""
-    original = Staged.write
-    calls: list[str] = []
-
-    def write(self):
-        calls.append(self.name)
-        if len(calls) == k and not after_writing:
-            raise RuntimeError("injected write failure")
-        result = original(self)
-        if len(calls) == k:
-            raise RuntimeError("injected write failure")
-        return result
-
-    monkeypatch.setattr(Staged, "write", write)
-    return calls
-
-
-@pytest.mark.parametrize("after_writing", [False, True], ids=["before", "after"])
-def test_failure_midway_through_apply_rolls_back(setup, monkeypatch, after_writing):
-    """A write failing at any entry (sparse or dense, before or after it wrote) raises
-    ``ApplyError`` and every tensor is bytewise as before."""
-    payload = decode(setup.delta)
-    entries = payload.header.entries
-    assert {IndexEncoding.DENSE} < {e.index_encoding for e in entries}
-    for k in range(1, len(entries) + 1):
-        receiver = _fresh_receiver(setup)
-        before = _snapshot(receiver)
-        with monkeypatch.context() as patch:
-            calls = _failing_write(patch, k, after_writing=after_writing)
-            with pytest.raises(ApplyError) as info:
-                apply_(receiver.weights, payload)
-        assert k == len(calls)
-        assert (f"writing tensor {entries[k - 1].name!r} failed after {k - 1} of {len(entries)} "
-                "entries: RuntimeError('injected write failure'); every tensor was restored"
-                ) == str(info.value)
-        assert first_difference(before, receiver.weights) is None
-
-
-@pytest.mark.parametrize("after_writing", [False, True], ids=["before", "after"])
-def test_receiver_rejects_failed_apply(setup, monkeypatch, after_writing):
-    """Through ``Receiver.receive`` a failed write is ``APPLY_FAILED``; the receiver stays
-    at version 1 with its bytes, and a later retry of the same delta is accepted."""
-    entries = decode(setup.delta).header.entries
-    for k in range(1, len(entries) + 1):
-        receiver = _fresh_receiver(setup)
-        before = _snapshot(receiver)
-        with monkeypatch.context() as patch:
-            _failing_write(patch, k, after_writing=after_writing)
-            ack = receiver.receive(setup.delta)
-        assert (False, Rejection.APPLY_FAILED, 1) == (ack.accepted, ack.rejection, ack.version)
-        assert (1, STREAM) == (receiver.version, receiver.stream_id)
-        assert first_difference(before, receiver.weights) is None
-        assert receiver.receive(setup.delta).accepted
-
-
 def test_forged_int64_indices_are_rejected(setup):
     """Regression: INT64 indices whose int64 differences wrap around ([0, 2**63-1,
     -2**63+10, 5]) looked increasing and in range by their first and last elements, and
@@ -436,7 +314,7 @@ def test_forged_int64_indices_are_rejected(setup):
         decode(data)
     assert ("tensor 'bias': indices: expected inside [0, 7), got "
             "[-9223372036854775798, 9223372036854775807]") == str(info.value)
-    receiver = _fresh_receiver(setup)
+    receiver = fresh_receiver(setup)
     ack = receiver.receive(data)
     assert (False, Rejection.BAD_PAYLOAD) == (ack.accepted, ack.rejection)
 
