@@ -74,7 +74,7 @@ def receiver_pair(source, shard, canonical):
     return out[0], out[1]
 
 
-def delta_frame(config, source, old, new):
+def delta_frame(source, old, new):
     """The delta from canonical ``old`` (version 1) to ``new`` (version 2) as sent by
     ``source``."""
     before, after = materialize(source, old), materialize(source, new)

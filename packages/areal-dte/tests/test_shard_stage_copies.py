@@ -102,7 +102,7 @@ def test_a_local_tensor_replaced_by_a_strided_one_is_written_as_by_the_reference
     versions += [stepped(versions[-1], seed, 0.1) for seed in (1, 2)]
     reference, routed = receiver_pair(source, shard, versions[0])
     name = next(n for n in shard.tensors if "qkv_proj" in n)
-    first = delta_frame(config, source, versions[0], versions[1])
+    first = delta_frame(source, versions[0], versions[1])
     second = encode_full(materialize(source, versions[2]), stream_id="s", version=3)
     assert reference.receive(first).accepted
     with kernels():

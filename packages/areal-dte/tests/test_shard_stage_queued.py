@@ -52,7 +52,7 @@ def _queued_pair(monkeypatch):
     config, layout, kind = CASES[3]
     source = source_shard(config, kind)
     old = canonical_weights(config, 0)
-    data = delta_frame(config, source, old, stepped(old, 1, 0.1))
+    data = delta_frame(source, old, stepped(old, 1, 0.1))
     reference, routed = receiver_pair(source, sglang_shard(config, layout, rank=1), old)
     return reference, routed, data, settled
 

@@ -45,7 +45,7 @@ def test_routed_delta_equals_the_reference(config, layout, kind, rate, narrow, m
     monkeypatch.setattr(routes, "_NARROW", narrow)
     source = source_shard(config, kind)
     old = canonical_weights(config, 0)
-    data = delta_frame(config, source, old, stepped(old, 1, rate))
+    data = delta_frame(source, old, stepped(old, 1, rate))
     for rank in range(layout.tp):
         reference, routed = receiver_pair(source, sglang_shard(config, layout, rank=rank), old)
         assert reference.receive(data).accepted
@@ -63,7 +63,7 @@ def test_delta_decoded_in_one_body_is_routed_from_it(monkeypatch):
     config, layout, kind = CASES[3]
     source = source_shard(config, kind)
     old = canonical_weights(config, 0)
-    data = delta_frame(config, source, old, stepped(old, 1, 0.02))
+    data = delta_frame(source, old, stepped(old, 1, 0.02))
     reference, routed = receiver_pair(source, sglang_shard(config, layout, rank=1), old)
     assert reference.receive(data).accepted
 
@@ -87,7 +87,7 @@ def test_stage_built_where_the_kernels_run_has_its_routes_before_the_first_delta
     config, layout, kind = CASES[3]
     source, shard = source_shard(config, kind), sglang_shard(config, layout, rank=0)
     old = canonical_weights(config, 0)
-    data = delta_frame(config, source, old, stepped(old, 1, 0.02))
+    data = delta_frame(source, old, stepped(old, 1, 0.02))
     reference, _ = receiver_pair(source, shard, old)
     assert reference.receive(data).accepted
     with kernels():
@@ -148,7 +148,7 @@ def test_routes_write_a_replaced_local_tensor_at_its_new_address(how):
     second = encode_delta(after, {n: diff(before[n], after[n]) for n in after},
                           stream_id="s", base_version=2, version=3)
     reference, routed = receiver_pair(source, sglang_shard(config, layout, rank=0), versions[0])
-    first = delta_frame(config, source, versions[0], versions[1])
+    first = delta_frame(source, versions[0], versions[1])
     name = max(routed.weights, key=lambda n: routed.weights[n].numel())
     with kernels():
         assert routed.receive(first).accepted
@@ -173,7 +173,7 @@ def test_routed_write_failure_restores_the_rank(monkeypatch):
     config, layout = DENSE, SGLangLayout(tp=2)
     source = source_shard(config, "megatron")
     old = canonical_weights(config, 0)
-    data = delta_frame(config, source, old, stepped(old, 1, 0.3))
+    data = delta_frame(source, old, stepped(old, 1, 0.3))
     original = StagedRoutes.write
 
     def write(self):
@@ -196,7 +196,7 @@ def test_unresolvable_residues_are_refused_as_by_the_reference():
     config, layout = DENSE, SGLangLayout()
     source = source_shard(config, "hf")
     old = canonical_weights(config, 0)
-    data = delta_frame(config, source, old, stepped(old, 1, 0.3))
+    data = delta_frame(source, old, stepped(old, 1, 0.3))
     held = {n: torch.full_like(t, float("inf")) for n, t in old.items()}
     reference, routed = receiver_pair(source, sglang_shard(config, layout, rank=0), held)
     expected = reference.receive(data)
@@ -259,7 +259,7 @@ def test_random_plans_route_as_the_reference(case):
     source = shards(config, source_layout)[0]
     old = canonical_weights(config, seed % 1000)
     new = stepped(old, seed % 1000 + 1, rate)
-    data = delta_frame(config, source, old, new)
+    data = delta_frame(source, old, new)
     for shard in shards(config, target_layout)[:2]:
         reference, routed = receiver_pair(source, shard, old)
         assert reference.receive(data).accepted
