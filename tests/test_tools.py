@@ -82,3 +82,26 @@ def test_bench_sync_smoke_is_bitwise(tmp_path, gpus):
               if line.startswith("| 20")]
     assert "True" == row.split("|")[-2].strip()
     assert (tmp_path / "sync.json").exists() and (tmp_path / "sync.png").exists()
+
+
+def test_trace_summary_gaps_start_at_the_sync(tmp_path):
+    """``trace_summary.py --gaps`` on a trace without Python stacks: the host's front (from
+    the first ``dte.*`` range to the first device op) and each later idle stretch, named
+    by the ranges and ops that cover it; device ops closer than ``--min-gap-us`` join."""
+    import gzip
+    import json
+
+    def event(cat, name, ts, dur):
+        return {"ph": "X", "cat": cat, "name": name, "ts": ts, "dur": dur}
+    trace = tmp_path / "trace.json.gz"
+    with gzip.open(trace, "wt") as f:
+        json.dump({"traceEvents": [
+            event("user_annotation", "dte.detect", 0, 1000),
+            event("cpu_op", "aten::zeros", 10, 390),
+            event("kernel", "_mark", 400, 100), event("kernel", "_gather", 550, 100),
+            event("user_annotation", "dte.encode", 1000, 500),
+            event("kernel", "_stats", 1250, 100)]}, f)
+    lines = run_tool("tools/trace_summary.py", str(trace), "--gaps", "--min-gap-us", "60")
+    assert lines[0].split() == ["1.0", "ms", "idle", "in", "2", "gaps"]
+    assert lines[1].split() == ["0.40", "ms", "aten::zeros", "|", "dte.detect"]
+    assert lines[2].split() == ["0.60", "ms", "dte.encode", "|", "dte.detect"]

@@ -75,8 +75,9 @@ def parse() -> argparse.Namespace:
     p.add_argument("--layers", type=int, default=QWEN3_4B["layers"])
     p.add_argument("--sha", default=None, help="the tree's sha, where the machine has no git")
     p.add_argument("--profile", action="store_true",
-                   help="--gpus 1: one more delta sync under torch.profiler, its tables in "
-                        "--out/profile.txt (not counted in the results)")
+                   help="--gpus 1: two more delta syncs and a full one under torch.profiler "
+                        "(with Python stacks, and the second delta without: its timeline), "
+                        "into --out/profile_* (not counted in the results)")
     p.add_argument("--smoke", action="store_true", help="tiny model on the CPU")
     p.add_argument("--out", type=Path, default=None, help="folder for sync.json and sync.png")
     return p.parse_args()
@@ -195,7 +196,10 @@ def one_gpu(args: argparse.Namespace) -> dict:
     if args.profile and args.out:
         trainer.step()
         profiled(lambda: trainer.actor.sync(version), device, args.out / "profile_delta")
-        profiled(lambda: trainer.actor.sync_full(version + 1, reason="bench"), device,
+        trainer.step()
+        profiled(lambda: trainer.actor.sync(version + 1), device,
+                 args.out / "profile_delta_timeline", stacks=False)
+        profiled(lambda: trainer.actor.sync_full(version + 2, reason="bench"), device,
                  args.out / "profile_full")
     results = summary(args, device, trainer.numel, steps, full_ms=full_ms, dense_ms=dense_ms,
                    dense_label="dense copy on one GPU (measured)",

@@ -100,15 +100,17 @@ def dense_send(rank: int, tensors: list[torch.Tensor], device: torch.device) -> 
     return timed(device, go)[1]
 
 
-def profiled(fn, device: torch.device, out: Path) -> None:
+def profiled(fn, device: torch.device, out: Path, *, stacks: bool = True) -> None:
     """Run ``fn`` under torch.profiler into the folder ``out``: ops by self CPU and by
     device time (``profile.txt``, the ``dte.<phase>`` rows are the sync's phases), the same
-    by call site (``stacks.txt``) and a Chrome trace (``trace.json.gz``)."""
+    by call site (``stacks.txt``, with ``stacks``) and a Chrome trace (``trace.json.gz``).
+    Recording Python stacks about doubles the host's time between kernels: a trace
+    without them is the one whose device idle time is close to an unprofiled run's."""
     from torch.profiler import ProfilerActivity, profile
 
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda"
                                            else [])
-    with profile(activities=activities, record_shapes=False, with_stack=True) as prof:
+    with profile(activities=activities, record_shapes=False, with_stack=stacks) as prof:
         fn()
         synchronize(device)
     out.mkdir(parents=True, exist_ok=True)
@@ -117,10 +119,11 @@ def profiled(fn, device: torch.device, out: Path) -> None:
     (out / "profile.txt").write_text(
         table.table(sort_by="self_cpu_time_total", row_limit=50) + "\n\n"
         + table.table(sort_by=sort, row_limit=50))
-    stacks = prof.key_averages(group_by_stack_n=6)
-    (out / "stacks.txt").write_text(
-        stacks.table(sort_by="self_cpu_time_total", row_limit=60) + "\n\n"
-        + stacks.table(sort_by=sort, row_limit=60))
+    if stacks:
+        by_site = prof.key_averages(group_by_stack_n=6)
+        (out / "stacks.txt").write_text(
+            by_site.table(sort_by="self_cpu_time_total", row_limit=60) + "\n\n"
+            + by_site.table(sort_by=sort, row_limit=60))
     trace = out / "trace.json"
     prof.export_chrome_trace(str(trace))
     with trace.open("rb") as raw, gzip.open(out / "trace.json.gz", "wb") as packed:

@@ -11,7 +11,10 @@ where a phase's device time goes.
 
 ``--gaps`` lists instead the stretches where the GPU sat idle (no kernel, copy or memset)
 for longer than ``--min-gap-us``, each with the innermost of our Python functions that
-covered most of it: the host work a sync waits on.
+covered most of it: the host work a sync waits on, from the start of its first ``dte.*``
+range (the profiler's own set-up lands in the first launch it sees, ~2.5 ms on an H200).
+A trace recorded without Python stacks (``profile_delta_timeline``: its idle time is
+close to an unprofiled run's) names the ``dte.*`` ranges and torch ops instead.
 
     python tools/trace_summary.py OUT/profile_delta/trace.json.gz --top 40
     python tools/trace_summary.py OUT/profile_delta/trace.json.gz --gaps
@@ -53,6 +56,12 @@ def gaps(trace: Path, min_gap_us: float) -> list[tuple[float, list[str]]]:
     device = sorted((e for e in events if e.get("cat") in _DEVICE), key=lambda e: e["ts"])
     ours = [e for e in events if e.get("cat") == "python_function"
             and any(tag in e["name"] for tag in _OURS)]
+    if not ours:  # no Python stacks recorded: the sync's ranges and torch's ops
+        ours = [e for e in events if e.get("cat") in ("user_annotation", "cpu_op")]
+    begun = [e["ts"] for e in events
+             if e.get("cat") == "user_annotation" and e["name"].startswith("dte.")]
+    if begun:  # from the sync's first range to its first device op: the host's front
+        device.insert(0, {"ts": min(begun), "dur": 0})
     rows = []
     for before, after in zip(device, device[1:]):
         start, end = before["ts"] + before["dur"], after["ts"]
