@@ -58,7 +58,7 @@ that the programs' last tiles even out across the multiprocessors (measured agai
 SLAB_FRACTION = 8
 """A tile stages at most ``1 / SLAB_FRACTION`` of its elements as changed; a denser tile
 is recomputed by ``_dense``."""
-_ROWS: tl.constexpr = tl.constexpr(3)
+_VALUES: tl.constexpr = tl.constexpr(3)
 """Staged per change: its low and high bounds and its new payload bits (the encoder sends
 those instead of gathering them from the weights: ``ChangeSet.values``)."""
 _FIXED = {"enable_fp_fusion": False}
@@ -189,7 +189,7 @@ def _mark(p_ptr, m_ptr, v_ptr, offsets_ptr, width, numels_ptr, starts_ptr, count
 
 @triton.jit(do_not_specialize=["total", "width", "steps"])
 def _dense(p_ptr, m_ptr, v_ptr, offsets_ptr, width, numels_ptr, starts_ptr, counts_ptr,
-           ends_ptr, index_ptr, rows_ptr, total, steps, inv_sqrt_bc2, eps, step_size,
+           ends_ptr, index_ptr, values_ptr, total, steps, inv_sqrt_bc2, eps, step_size,
            inv_decay, relative, bias, floor, underflow, half_eta, DECAY_IS_ONE: tl.constexpr,
            PAYLOAD: tl.constexpr, ROWS: tl.constexpr, SLAB: tl.constexpr,
            ALIGN: tl.constexpr, NARROW: tl.constexpr):
@@ -205,8 +205,8 @@ def _dense(p_ptr, m_ptr, v_ptr, offsets_ptr, width, numels_ptr, starts_ptr, coun
                                            relative, bias, floor, underflow, half_eta,
                                            DECAY_IS_ONE, PAYLOAD)
         flags = (changed & (offsets < numel)).to(tl.int32)
-        place(index_ptr, rows_ptr, total, tl.load(ends_ptr + tile) - count, flags, offsets,
-              low, high, new, VALUES=_ROWS)
+        place(index_ptr, values_ptr, total, tl.load(ends_ptr + tile) - count, flags, offsets,
+              low, high, new, VALUES=_VALUES)
 
 
 _PAYLOAD = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
@@ -266,13 +266,13 @@ def invert(flats: Sequence[tuple[torch.Tensor, torch.Tensor, torch.Tensor]],
         tables, config, counts, ends, staged, _ = launched
         dense, *member_ends = sizes
         total = member_ends[-1]
-        indices, rows = gather(counts, ends, total, staged, group.starts, steps=group.steps,
-                               numel=group.numel, values=_ROWS.value, rows=ROWS,
-                               capacity=slab)
+        indices, values = gather(counts, ends, total, staged, group.starts,
+                                 steps=group.steps, numel=group.numel, values=_VALUES.value,
+                                 rows=ROWS, capacity=slab)
         if dense:
-            _dense[(group.tiles,)](*tables, ends, indices, rows, total, group.steps,
+            _dense[(group.tiles,)](*tables, ends, indices, values, total, group.steps,
                                    *keys[group.members[0]][0], num_warps=WARPS, **config)
-        low, high, new = rows.view(keys[group.members[0]][2])
+        low, high, new = values.view(keys[group.members[0]][2])
         found.append(ChangeRun(group.members, tuple(batch.member_counts(member_ends)), indices,
                                low, high, new))
 
