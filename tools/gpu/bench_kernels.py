@@ -216,10 +216,15 @@ def missed(truth: list[ChangeSet], found: list[ChangeSet]) -> int:
 
 
 def same(a: list[ChangeSet], b: list[ChangeSet]) -> bool:
-    def bits(x: torch.Tensor) -> torch.Tensor:
-        return x.view(torch.int16)
+    """Equal indices, bounds and new values (or neither reports values), bit for bit."""
+    def bits(x: torch.Tensor | None) -> torch.Tensor | None:
+        return None if x is None else x.view(torch.int16)
+
+    def equal(x: torch.Tensor | None, y: torch.Tensor | None) -> bool:
+        return x is y is None or (x is not None and y is not None and torch.equal(x, y))
     return all(torch.equal(x.indices, y.indices) and torch.equal(bits(x.base_low), bits(y.base_low))
-               and torch.equal(bits(x.base_high), bits(y.base_high)) for x, y in zip(a, b))
+               and torch.equal(bits(x.base_high), bits(y.base_high))
+               and equal(bits(x.values), bits(y.values)) for x, y in zip(a, b))
 
 
 class CastRun:

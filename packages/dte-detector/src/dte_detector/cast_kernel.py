@@ -98,9 +98,9 @@ def _tile(model_ptr, dirty_ptr, offsets_ptr, width, counts_ptr, dense_ptr, slab_
     if count <= KEEP:
         if DENSE:
             place(index_ptr, old_ptr, total, tl.load(slab_ptr + tile) - count, fresh, offsets,
-                  old, old, VALUES=1)
-        else:
-            stage(slab_ptr, tile, fresh, local, old, old, KEEP)
+                  old, old, old, VALUES=1)
+        else:  # the int32 slab keeps the offset and the first value only
+            stage(slab_ptr, tile, fresh, local, old, old, old, KEEP)
         row_flips = tl.sum(flips << columns, axis=1)
         tl.store(dirty_at, (before | row_flips).to(tl.uint8), mask=in_map)
         if COPY:
