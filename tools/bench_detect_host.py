@@ -22,7 +22,10 @@ so that the timing is the Python around the kernels and nothing else. Only names
 ``main`` has had since the fused inversion landed are used, so the same script times an
 older tree (``PYTHONPATH`` pointing at its ``src``) for before/after.
 
-    uv run python tools/bench_detect_host.py --tensors 290 --reps 50
+``--evict-mb`` writes that much other memory before each call, so the call finds its
+objects out of the caches, as in a training process after its step.
+
+    uv run python tools/bench_detect_host.py --tensors 290 --reps 50 [--evict-mb 64]
 """
 
 from __future__ import annotations
@@ -77,7 +80,11 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=50)
     parser.add_argument("--detectors", nargs="+", choices=("inversion", "cast"),
                         default=["inversion", "cast"])
+    parser.add_argument("--evict-mb", type=int, default=0,
+                        help="write this many MB of other memory before each call, as a "
+                             "training step leaves the caches (0: warm caches)")
     args = parser.parse_args()
+    evict = torch.zeros(args.evict_mb << 20, dtype=torch.uint8)
     torch.set_num_threads(1)
     dispatch.kernels_for = lambda *tensors, payload: True
     staging._gather = _NoLaunch()
@@ -92,6 +99,7 @@ def main() -> None:
             samples = []
             for rep in range(args.reps + 3):
                 prepare(rep + 1)
+                evict.add_(1)
                 start = time.perf_counter()
                 try:
                     call()

@@ -175,9 +175,9 @@ def _run_fits(run: ChangeRun, device: torch.device) -> bool:
 def _values_at(run: ChangeRun, device: torch.device) -> int:
     """The address of a fitting run's new values (``_run_fits``' checks against its
     bounds), or 0: none, or not in the bounds' dtype, shape, device or layout."""
-    values, low = getattr(run, "values", None), run.base_low
-    if (values is None or values.dtype != low.dtype or values.shape != low.shape
-            or values.device != device or not values.is_contiguous()):
+    values = getattr(run, "values", None)
+    if (not _values_fit(values, run.base_low) or values.device != device
+            or not values.is_contiguous()):
         return 0
     return values.data_ptr()
 
@@ -186,9 +186,12 @@ def _new_values(change: ChangeSet, low: torch.Tensor) -> torch.Tensor | None:
     """A loose change set's new values on ``low``'s device, contiguous, or None: none, or
     not one per index in the bounds' dtype (``low``: its bounds as the kernels read them)."""
     values = getattr(change, "values", None)
-    if values is None or values.dtype != low.dtype or values.shape != low.shape:
-        return None
-    return _in_place(values, low.device)
+    return _in_place(values, low.device) if _values_fit(values, low) else None
+
+
+def _values_fit(values: torch.Tensor | None, low: torch.Tensor) -> bool:
+    """New values given, one per bound, in the bounds' dtype."""
+    return values is not None and values.dtype == low.dtype and values.shape == low.shape
 
 
 def bounds_fit(dtypes: list[torch.dtype], counts: list[int], changes: Sequence) -> bool:

@@ -106,7 +106,6 @@ def _pattern(items, segments, seg, idx, rank, valid):
     new_at = column(items, _NEW_AT, segments, seg)
     size = column(items, _SIZE, segments, seg)
     mask = width_mask(column(items, _BITS, segments, seg))
-    pattern = tl.zeros(rank.shape, tl.int64)
     # one branch per program (its elements are one tensor's): the gather touches about a
     # 32-byte sector of the weights per element at a few percent changed
     if new_at != 0:
