@@ -11,10 +11,10 @@ from hypothesis import note
 from hypothesis import strategies as st
 
 from dte_codec import apply_
-from dte_codec.decode import decode_batched, decode_per_entry
+from dte_codec.decode import decode_batched, decode_per_entry, decode_queued
 from dte_codec.encode import encode_delta_per_tensor
 from dte_codec.encodings import DTYPES, ValueEncoding
-from dte_codec.errors import CodecError
+from dte_codec.errors import CodecError, DigestError
 from dte_codec.flat_decode import decode_indices_flat
 from dte_codec.flat_encode import encode_delta_flat
 from dte_codec.flat_values import resolve_residues
@@ -112,6 +112,25 @@ def assert_encoders_agree(cases, device) -> None:
     actual = encode_delta_flat(tensors, changes, stream_id="s", base_version=4, version=5)
     note(f"{len(expected)} vs {actual.nbytes} bytes")
     assert expected == bytes(actual)
+
+
+def assert_queued_digest_compared(cases, bit: int, device) -> None:
+    """The batched encoder's frame on ``device`` leaves its body digest queued
+    (``Frame.pending_digest``), its bytes the reference's once read; with that digest one
+    bit off, every decoder refuses the body (``DigestError``), where the flat decoder
+    compares it on the device."""
+    tensors, changes = named(cases, device)
+    frame = encode_delta_flat(tensors, changes, stream_id="s", base_version=4, version=5)
+    if frame.pending_digest is None:  # nothing changed: an empty body, sealed at once
+        assert not frame.body_size
+        return
+    flipped = frame.pending_digest ^ (torch.ones_like(frame.pending_digest) << bit)
+    tampered = Frame(frame.head, frame.segments, pending_digest=flipped)
+    assert _encode(cases) == bytes(frame)
+    for decoder in (decode_per_entry, decode_batched, lambda f: decode_queued(f).settled()):
+        with pytest.raises(DigestError, match="body_digest"):
+            decoder(tampered)
+        decoder(frame)
 
 
 def assert_stale_escapes_refused(monkeypatch, encoder: type, device) -> None:

@@ -20,7 +20,8 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 from codec_cases import (Change, HostReads, assert_corrupt_decodes_agree,
-                         assert_decoders_agree, assert_encoders_agree, assert_residues_agree,
+                         assert_decoders_agree, assert_encoders_agree,
+                         assert_queued_digest_compared, assert_residues_agree,
                          assert_stale_escapes_refused, tensor_and_change)
 
 
@@ -30,6 +31,13 @@ from codec_cases import (Change, HostReads, assert_corrupt_decodes_agree,
 def test_flat_encoder_writes_the_reference_bytes(cases):
     """Over dtypes, shapes (0-d, empty), densities, gaps and bounds: byte-identical."""
     assert_encoders_agree(cases, "cpu")
+
+
+@given(st.lists(tensor_and_change(), max_size=4), st.integers(0, 63))
+def test_flat_encoder_leaves_its_digest_queued_and_decoders_compare_it(cases, bit):
+    """The frame's header is the reference's once read; a queued digest one bit off is
+    refused by every decoder."""
+    assert_queued_digest_compared(cases, bit, "cpu")
 
 
 def test_flat_encoder_writes_only_with_escapes_it_counted(monkeypatch):
@@ -112,17 +120,21 @@ def test_bad_versions_raise_the_reference_error(indices, versions):
 
 
 @pytest.mark.parametrize("tensors", [1, 40])
-def test_two_host_reads_per_payload(tensors):
-    """Encoding reads the device twice, for 1 or 40 tensors: the statistics (``cpu``, then
-    ``numpy`` on the host) and the body digest (``int``); the body stays where it is."""
+def test_one_host_read_per_payload(tensors):
+    """Encoding reads the device once, for 1 or 40 tensors: the statistics (``cpu``, then
+    ``numpy`` on the host); the body stays where it is and its digest stays queued
+    until the header bytes are asked for (``int``)."""
     gen = torch.Generator().manual_seed(tensors)
     weights = {f"w{i}": torch.randn(5000, generator=gen).to(torch.bfloat16)
                for i in range(tensors)}
     changes = {name: Change(torch.arange(0, 5000, 37), *(w[::37].clone(),) * 2)
                for name, w in weights.items()}
     with HostReads() as reads:
-        encode_delta_batched(weights, changes, stream_id="s", base_version=0, version=1)
-    assert ["cpu", "numpy", "__int__"] == reads.calls
+        frame = encode_delta_batched(weights, changes, stream_id="s", base_version=0, version=1)
+    assert ["cpu", "numpy"] == reads.calls
+    with HostReads() as reads:
+        frame.header
+    assert ["__int__"] == reads.calls
 
 
 @pytest.mark.parametrize("tensors", [1, 40])

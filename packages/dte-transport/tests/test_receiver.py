@@ -6,6 +6,7 @@ import torch
 import pytest
 from dte_codec import Frame, decode, digests, encode_delta, encode_full
 from dte_codec.decode import QueuedChecks
+from dte_codec.encode import encode_delta_batched
 from dte_detector import diff
 from dte_transport import Receiver, Rejection
 from dte_transport.receiver import by_name
@@ -23,11 +24,11 @@ def seeded():
     return source, receiver
 
 
-def delta(source, *, base=1, version=2, stream="s"):
+def delta(source, *, base=1, version=2, stream="s", encoder=encode_delta):
     new = {n: t.clone() for n, t in source.items()}
     new["w"][0, 0] += 1
     changes = {n: diff(source[n], new[n]) for n in source}
-    return new, encode_delta(new, changes, stream_id=stream, base_version=base, version=version)
+    return new, encoder(new, changes, stream_id=stream, base_version=base, version=version)
 
 
 def snapshot(receiver):
@@ -81,16 +82,18 @@ def test_bad_bytes_rejected():
 def _flipped(frame: Frame, segment: int, byte: int) -> Frame:
     segments = [s.clone() for s in frame.segments]
     segments[segment][byte] ^= 0x80
-    return Frame(frame.header, segments)
+    return Frame(frame.head, segments, pending_digest=frame.pending_digest)
 
 
-@pytest.mark.parametrize("kind", ["delta", "full"])
+@pytest.mark.parametrize("kind", ["delta", "queued", "full"])
 def test_frame_with_one_changed_body_byte_rejected(kind):
     """A frame whose body differs from what was sealed in one byte (any byte of any
     segment) is BAD_PAYLOAD naming the body digest; the receiver keeps its version and
-    every bit of its tensors."""
+    every bit of its tensors. Also for a batched delta, whose digest is still queued when
+    it is handed over (``Frame.pending_digest``)."""
     source, receiver = seeded()
-    new, frame = delta(source)
+    new, frame = delta(source, encoder=encode_delta_batched if kind == "queued" else encode_delta)
+    assert (frame.pending_digest is not None) == (kind == "queued")
     if kind == "full":
         frame = encode_full(new, stream_id="s", version=2)
     before = snapshot(receiver)

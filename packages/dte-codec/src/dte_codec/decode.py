@@ -40,7 +40,8 @@ class QueuedChecks:
     frame: Frame
     header: Header
     queued: torch.Tensor
-    """int64 (computed body digest, failed checks) on the body's device."""
+    """int64 (computed body digest, failed checks) on the body's device, and the sender's
+    body digest where the frame's is still queued (``Frame.pending_digest``)."""
     _outcome: tuple[Payload | None] | CodecError | None = None
 
     @property
@@ -59,9 +60,9 @@ class QueuedChecks:
             EntryError: the first failed check in ``FORMAT.md``'s order.
         """
         if self._outcome is None:
-            digest, failed = self.queued.tolist() if values is None else values
+            digest, failed, *sent = self.queued.tolist() if values is None else values
             try:
-                _compare_digest(self.frame, digest)
+                _compare_digest(self.frame, digest, *sent)
                 self._outcome = (_reference(self.header, self.frame) if failed else None,)
             except CodecError as exc:
                 self._outcome = exc
@@ -124,8 +125,11 @@ def _batched(header: Header, frame: Frame, digest: torch.Tensor) -> Payload:
     # queued behind the digest: the checks of both are read together, and nothing is
     # written anywhere before the digest has matched
     flat = decode_indices_flat(header, body)
-    queued = QueuedChecks(frame, header, torch.stack([digest.to(flat.failures.device),
-                                                      flat.failures]))
+    device = flat.failures.device
+    checks = [digest.to(device), flat.failures]
+    if frame.pending_digest is not None:  # compared here, not read on the sender's host
+        checks.append(frame.pending_digest.to(device))
+    queued = QueuedChecks(frame, header, torch.stack(checks))
     if sparse.all():  # no box to read from the body: nothing before the checks
         return Payload(header=header, flat=Flat(header, body, flat, (None,) * sparse.size),
                        checks=queued)
@@ -177,7 +181,9 @@ def _open(data: Frame | bytes | bytearray | memoryview, device: str | torch.devi
     # queued first: the device hashes the body while the host reads the header (whose
     # errors still come first: the digest is compared later)
     digest = queued_digest(frame.segments)
-    return Header.unpack_head(memoryview(frame.header), frame.body_size), frame, digest
+    header = Header.unpack_head(memoryview(frame.head), frame.body_size,
+                                sealed=frame.pending_digest is None)
+    return header, frame, digest
 
 
 def _check_digest(frame: Frame, digest: torch.Tensor) -> None:
@@ -186,8 +192,11 @@ def _check_digest(frame: Frame, digest: torch.Tensor) -> None:
     _compare_digest(frame, int(digest))
 
 
-def _compare_digest(frame: Frame, computed: int) -> None:
-    stored, computed = body_digest_of(frame.header), computed & U64
+def _compare_digest(frame: Frame, computed: int, sent: int | None = None) -> None:
+    """Raise ``DigestError`` unless ``computed`` is the body digest the header carries, or
+    ``sent``, the sender's where it was read with the checks."""
+    stored = body_digest_of(frame.header) if sent is None else sent & U64
+    computed &= U64
     if stored != computed:
         raise DigestError("body_digest", expected=f"{stored:#018x}", got=f"{computed:#018x}")
 

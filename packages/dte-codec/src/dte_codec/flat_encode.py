@@ -2,13 +2,13 @@
 
 Produces the same bytes as encoding tensor by tensor (``parts.sparse_part`` and
 ``encode.encode_delta_per_tensor``, the reference), with a fixed number of torch ops over
-all changed elements instead of a few dozen per tensor, and two host synchronizations per
+all changed elements instead of a few dozen per tensor, and one host synchronization per
 payload whatever the number of tensors:
 
 1. One pass computes, per element, its gap to the previous index, whether the index is
    valid, and the residue width its value needs; segment reductions turn these into,
    per tensor, the number of gaps over one byte, a validity count and a histogram of
-   residue widths. One copy to the host (sync 1).
+   residue widths. One copy to the host (the synchronization).
 2. On the host, every encoding follows in closed form from those numbers and the tensor's
    count and numel, with a few numpy ops over all tensors (``encoding_choice``: the
    encodings; ``encode_plan``: dense fallback, entries and body layout); what follows
@@ -21,8 +21,9 @@ payload whatever the number of tensors:
    Python per tensor left in a sync is reading its change set.
 3. One pass writes every field of every winning encoding into one zeroed body buffer on
    the device; dense entries are copied in; while the device writes, the header is
-   packed from the plan's columns (``entry_pack``); the body stays there and its digest
-   comes to the host (sync 2).
+   packed from the plan's columns (``entry_pack``); the body stays there, its digest is
+   queued behind it (``Frame.pending_digest``), and the frame goes on before either is
+   done.
 
 On a GPU with Triton (``dispatch.fused``) the device work is three fused kernels
 (``encode_kernel``) that read the change sets and tensors in place: one byte per element
@@ -42,7 +43,7 @@ import numpy as np
 import torch
 
 from .bits import BYTE_BITS, bit_length, order_keys_by_width, width_mask
-from .body_digest import body_digest
+from .body_digest import queued_digest
 from .change_table import ChangeTable, Members, bounds_fit, change_counts, parts
 from .dispatch import fused
 from .encode_plan import Choice, Escapes, Layout, prepare
@@ -101,7 +102,7 @@ def encode_delta_flat(tensors: Mapping[str, torch.Tensor], changes: Mapping[str,
                                             base_version=base_version, version=version), None
     except EncodeError as error:
         header, bad_header = None, error
-    stats = pending.cpu().numpy()  # host sync 1 of 2
+    stats = pending.cpu().numpy()  # the host synchronization
     segments = len(picked)
     if stats[:, 1].any():  # invalid indices
         return None
@@ -115,8 +116,8 @@ def encode_delta_flat(tensors: Mapping[str, torch.Tensor], changes: Mapping[str,
     # packed while the device writes the body
     head = pack_head(header, entries=segments, table=templates.pack(rows, chosen.fields()),
                      body_size=chosen.layout.size)
-    return seal_packed(head, (body,), body_digest((body,)),  # host sync 2 of 2
-                       body_size=chosen.layout.size)
+    # the digest stays queued: the host hands the frame on while the device writes it
+    return seal_packed(head, (body,), queued_digest((body,)), body_size=chosen.layout.size)
 
 
 def _put_dense(body: torch.Tensor, layout: Layout, weights: list[torch.Tensor]) -> None:

@@ -8,7 +8,7 @@ import attrs
 import torch
 
 from .fields import WORD_BYTES
-from .header import Header
+from .header import Header, sealed
 
 _EMPTY = torch.empty(0, dtype=torch.uint8)
 
@@ -19,14 +19,32 @@ class Frame:
     the body as ``segments``, 1-D uint8 tensors on one device whose concatenation is the
     body.
 
+    A delta fresh from the GPU encoder carries its body digest still queued on the device
+    (``pending_digest``), its ``head`` with both digest fields zero: the body is being
+    written while the sender's host hands the frame on. ``header`` reads the digest the
+    first time it is asked for (one host synchronization, behind the body's writing); a
+    receiver in the same process compares it on the device instead (``decode_queued``).
+
     A delta's body is one segment; a full payload's segments are views of the sender's
     weights with zero padding between them, so a frame is valid only until those
     weights change. ``bytes(frame)`` is the payload as ``FORMAT.md`` gives it (for files
     and host links) and ``Frame.from_bytes`` reads it back.
     """
 
-    header: bytes
+    head: bytes
+    """The header bytes: ``header`` itself, or its digest fields zero while
+    ``pending_digest`` is set."""
     segments: tuple[torch.Tensor, ...] = attrs.field(converter=tuple)
+    pending_digest: torch.Tensor | None = attrs.field(default=None, kw_only=True)
+    """The body digest as a 0-d int64 tensor on the body's device (its two's complement),
+    not read yet; None when ``head`` carries it."""
+
+    @functools.cached_property
+    def header(self) -> bytes:
+        """The header bytes, digests set."""
+        if self.pending_digest is None:
+            return self.head
+        return sealed(self.head, int(self.pending_digest))
 
     @functools.cached_property
     def body_size(self) -> int:
@@ -35,7 +53,7 @@ class Frame:
     @property
     def nbytes(self) -> int:
         """Bytes of the whole payload, header and body."""
-        return len(self.header) + self.body_size
+        return len(self.head) + self.body_size
 
     @property
     def device(self) -> torch.device:
@@ -47,7 +65,8 @@ class Frame:
         device = torch.device(device)
         if all(s.device == device for s in self.segments):
             return self
-        return Frame(self.header, tuple(s.to(device) for s in self.segments))
+        return Frame(self.head, tuple(s.to(device) for s in self.segments),
+                     pending_digest=self.pending_digest)
 
     def body(self) -> torch.Tensor:
         """The body as one word-aligned tensor on the frame's device: the segment itself

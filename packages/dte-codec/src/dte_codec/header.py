@@ -42,6 +42,7 @@ BODY_DIGEST_OFFSET = struct.calcsize("<4sHBBIIqqQQH")
 """Byte offset of the 8-byte body digest field inside the prelude."""
 _HEADER_LENGTH = struct.Struct("<I")
 _HEADER_LENGTH_OFFSET = 8
+_U64 = (1 << 64) - 1
 
 
 def _entries(entries: Sequence[Entry]) -> tuple[Entry, ...] | Entries:
@@ -128,10 +129,12 @@ class Header:
         return _Reader(data, len(data)).header()
 
     @classmethod
-    def unpack_head(cls, head: memoryview, body_size: int) -> Header:
+    def unpack_head(cls, head: memoryview, body_size: int, *, sealed: bool = True) -> Header:
         """Parse and validate ``head``, exactly the header bytes of a payload whose body
-        (held elsewhere, e.g. on a device) has ``body_size`` bytes."""
-        header, offset = _Reader(head, len(head) + body_size).header()
+        (held elsewhere, e.g. on a device) has ``body_size`` bytes. ``sealed=False``: a
+        frame's ``head`` whose digests are still queued (``Frame.pending_digest``), handed
+        over in the process that packed it, so there is no header digest to check yet."""
+        header, offset = _Reader(head, len(head) + body_size, sealed).header()
         check_field(None, "header bytes", offset, len(head), offset == len(head))
         return header
 
@@ -159,6 +162,15 @@ def header_digest(data: bytes | bytearray | memoryview) -> int:
     return hasher.intdigest()
 
 
+def sealed(head: bytes, body_digest: int) -> bytes:
+    """``head`` (``Header.pack``'s bytes: digest fields zero) with the body digest
+    ``body_digest`` (taken mod 2**64) and then its own digest set."""
+    head = bytearray(head)
+    struct.pack_into("<Q", head, BODY_DIGEST_OFFSET, body_digest & _U64)
+    struct.pack_into("<Q", head, DIGEST_OFFSET, header_digest(head))
+    return bytes(head)
+
+
 def body_digest_of(head: bytes | bytearray | memoryview) -> int:
     """The body digest a packed header carries."""
     return struct.unpack_from("<Q", head, BODY_DIGEST_OFFSET)[0]
@@ -168,10 +180,12 @@ def body_digest_of(head: bytes | bytearray | memoryview) -> int:
 class _Reader:
     """Bounds-checked sequential reader; every failure is a ``HeaderError``."""
 
-    def __init__(self, data: memoryview, total: int):
+    def __init__(self, data: memoryview, total: int, sealed: bool = True):
         self.data = data
         self.total = total
         """Bytes of the whole payload: ``data`` and any body held elsewhere."""
+        self.sealed = sealed
+        """Whether the header digest is set, and so checked."""
         self.pos = 0
 
     def take(self, size: int, what: str) -> memoryview:
@@ -208,7 +222,7 @@ class _Reader:
         check_field(None, "payload size", f"{total} bytes (header + body)", self.total,
                     total == self.total)
         stored = struct.unpack_from("<Q", self.data, DIGEST_OFFSET)[0]
-        if stored != header_digest(self.data):
+        if self.sealed and stored != header_digest(self.data):
             raise DigestError("digest", expected=f"{header_digest(self.data):#018x}",
                               got=f"{stored:#018x}")
         kind = self.enum(Kind, kind, "kind", None)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import functools
 import math
-import struct
 from collections.abc import Iterable, Sequence
 
 import attrs
@@ -21,7 +20,7 @@ from .encodings import ALIGNMENT, DTYPE_CODES, IndexEncoding, Kind, align
 from .entry import Entry
 from .errors import EncodeError, HeaderError
 from .frame import Frame
-from .header import BODY_DIGEST_OFFSET, DIGEST_OFFSET, MAX_NAME_BYTES, Header, header_digest
+from .header import MAX_NAME_BYTES, Header, sealed
 from .indices import check_sorted_positions, encode_indices
 from .region import Box
 from .values import encode_values
@@ -136,15 +135,16 @@ def seal(header: Header, *segments: torch.Tensor) -> Frame:
                        body_size=header.body_size())
 
 
-def seal_packed(head: bytes, segments: tuple[torch.Tensor, ...], digest: int, *,
+def seal_packed(head: bytes, segments: tuple[torch.Tensor, ...], digest: int | torch.Tensor, *,
                 body_size: int) -> Frame:
     """The frame of the packed header ``head`` (``Header.pack``: digest fields zero) and
     the body made of the 1-D uint8 ``segments`` of ``body_size`` bytes, whose body digest
-    is ``digest``: both digest fields set."""
-    head = bytearray(head)
-    struct.pack_into("<Q", head, BODY_DIGEST_OFFSET, digest)
-    struct.pack_into("<Q", head, DIGEST_OFFSET, header_digest(head))
-    frame = Frame(bytes(head), segments)
+    is ``digest``: both digest fields set, or, for a digest still queued on the device (a
+    0-d tensor), set when first read (``Frame.pending_digest``)."""
+    if isinstance(digest, torch.Tensor):
+        frame = Frame(head, segments, pending_digest=digest)
+    else:
+        frame = Frame(sealed(head, digest), segments)
     assert frame.body_size == body_size, "body does not fit header"
     return frame
 
