@@ -34,8 +34,6 @@ call can sweep them:
 
 ``--encode-only`` times the fused encoder alone (the reference runs once, untimed, for the
 bytes check): run it with two trees' ``PYTHONPATH`` in one session for a before/after.
-``--values`` gives the change sets their new values, as the AdamW inversion reports them,
-so that ``_stats`` reads them by rank instead of gathering them from the weights.
 ``--decode-only`` times the fused decoder alone on a device frame, its indices checked
 against the change sets; ``--payload FILE`` reads the encoded delta from FILE (the first
 run encodes and writes it), so trees compared in one session decode the same bytes:
@@ -96,11 +94,6 @@ def parse() -> argparse.Namespace:
                    "(default: encode_kernel's), e.g. to sweep them in one run")
     p.add_argument("--decoder-block", type=int, default=None,
                    help="the fused decoder's elements per program (default: decode_kernel's)")
-    p.add_argument("--values", action="store_true",
-                   help="change sets carry their new values (dte_detector.ChangeSet.values, "
-                        "as the AdamW inversion reports them): the fused encoder reads them "
-                        "instead of gathering from the weights (a tree without them ignores "
-                        "them)")
     args = p.parse_args()
     if args.smoke:
         args.layers, args.hidden, args.intermediate, args.vocab = 2, 64, 192, 1000
@@ -126,10 +119,8 @@ def shapes(a: argparse.Namespace) -> dict[str, tuple[int, ...]]:
 
 
 class Change:
-    def __init__(self, indices: torch.Tensor, base: torch.Tensor,
-                 values: torch.Tensor | None = None):
+    def __init__(self, indices: torch.Tensor, base: torch.Tensor):
         self.indices, self.base_low, self.base_high = indices, base, base
-        self.values = values
 
 
 def trajectory(a: argparse.Namespace, device: torch.device):
@@ -150,8 +141,7 @@ def trajectory(a: argparse.Namespace, device: torch.device):
         base = w.clone()
         base.view(-1).view(torch.int16)[indices] = old
         weights[name], bases[name] = w, base
-        changes[name] = Change(indices, old.view(torch.bfloat16),
-                               w.view(-1)[indices] if a.values else None)
+        changes[name] = Change(indices, old.view(torch.bfloat16))
         del mask, small, step, sign
     return weights, bases, changes
 

@@ -78,8 +78,7 @@ def _floor(master_ptr, model_ptr, dirty_ptr, counts_ptr, slab_ptr, numel, BLOCK:
         if count <= SLAB:
             old_rows = tl.reshape(old, (BLOCK // 8, 8))
             stage(slab_ptr, block, tl.reshape(flips.to(tl.int32), (BLOCK // 8, 8)),
-                  tl.reshape(tl.arange(0, BLOCK), (BLOCK // 8, 8)), old_rows, old_rows,
-                  old_rows, SLAB)
+                  tl.reshape(tl.arange(0, BLOCK), (BLOCK // 8, 8)), old_rows, old_rows, SLAB)
     tl.store(counts_ptr + block, count)
 
 

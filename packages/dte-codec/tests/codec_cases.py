@@ -34,16 +34,6 @@ class Change:
     base_high: torch.Tensor
 
 
-@attrs.frozen
-class Valued:
-    """A change set that carries its new values (``dte_detector.ChangeSet.values``)."""
-
-    indices: torch.Tensor
-    base_low: torch.Tensor
-    base_high: torch.Tensor
-    values: torch.Tensor
-
-
 def patterns(gen: torch.Generator, dtype: torch.dtype, count: int) -> torch.Tensor:
     """Arbitrary bit patterns of ``dtype`` (NaNs, infinities, -0 and subnormals included)."""
     size = torch.empty((), dtype=dtype).element_size()
@@ -91,9 +81,9 @@ def tensor_and_change(draw, *, largest: int = 70**3) -> tuple[torch.Tensor, Chan
 
 
 def named(cases, device="cpu") -> tuple[dict, dict]:
-    """``(tensors, changes)`` by name, on ``device`` (each change set of its own type)."""
+    """``(tensors, changes)`` by name, on ``device``."""
     tensors = {f"t{i}": tensor.to(device) for i, (tensor, _) in enumerate(cases)}
-    changes = {f"t{i}": type(change)(*(x.to(device) for x in attrs.astuple(change)))
+    changes = {f"t{i}": Change(*(x.to(device) for x in attrs.astuple(change)))
                for i, (_, change) in enumerate(cases)}
     return tensors, changes
 

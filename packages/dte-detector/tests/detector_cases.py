@@ -164,11 +164,6 @@ def bits_of(values: torch.Tensor) -> list[int]:
     return values.reshape(-1).view(ints).tolist()
 
 
-def values_bits(change) -> list[int] | None:
-    """A change set's new values as ``bits_of``, or None where it reports none."""
-    return None if change.values is None else bits_of(change.values)
-
-
 def record_all(detector, pairs: dict, *, copy: bool) -> None:
     """One trainer step of a ``CastDetector`` over ``name: (master, model)``: the fused
     ``record_and_copy_all``, or ``record_all`` then the copies."""

@@ -23,7 +23,6 @@ def test_exact_uses_one_base_for_both_bounds():
     assert [2, 7] == changes.indices.tolist()
     assert changes.base_low is base
     assert changes.base_high is base
-    assert changes.values is None
     assert 2 == len(changes)
 
 
@@ -109,23 +108,7 @@ def test_flat_changes_read_as_per_tensor_change_sets():
     assert [2.5] == flat["b"].base_high[1:].tolist()
     assert 0 == len(flat["c"])
     assert flat["b"] is flat["b"]  # built once
-    assert ([0], [3.0], [3.5], None) == tuple(
-        None if t is None else t.tolist() for t in attrs.astuple(flat["d"], recurse=False))
+    assert ([0], [3.0], [3.5]) == tuple(t.tolist() for t in attrs.astuple(flat["d"],
+                                                                          recurse=False))
     with pytest.raises(KeyError):
         flat["e"]
-
-
-def test_run_members_slice_their_new_values():
-    """A run that reports new values hands each member its slice of them, as views, and
-    keeps them when keyed by names; a run without them gives members without them."""
-    values = torch.tensor([4.0, 5.0, 6.0], dtype=torch.bfloat16)
-    bounds = torch.zeros(3, dtype=torch.bfloat16)
-    run = ChangeRun((0, 1, 2), (2, 0, 1), torch.tensor([1, 4, 0], dtype=torch.int32), bounds,
-                    bounds, values)
-    named = run.named(["a", "b", "c"])
-    assert named.values is values
-    flat = FlatChanges(("a", "b", "c"), [named], {})
-    assert ([4.0, 5.0], [], [6.0]) == tuple(flat[n].values.tolist() for n in "abc")
-    assert values.data_ptr() == flat["a"].values.data_ptr()
-    without = ChangeRun((0,), (3,), run.indices, bounds, bounds)
-    assert without.change_set(0).values is None

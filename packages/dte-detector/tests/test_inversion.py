@@ -8,7 +8,7 @@ import attrs
 import pytest
 import torch
 from detector_cases import (AdamWCase, adamw_cases, bits_of, midpoint_cases, midpoints,
-                            run_case, values_bits, width)
+                            run_case, width)
 from dte_codec.bits import order_keys
 from hypothesis import example, given
 from hypothesis import strategies as st
@@ -45,18 +45,6 @@ def _outside_bounds(stepped, found: ChangeSet) -> list[tuple]:
              found.base_high[i].item(), master[found.indices[i]].item()) for i in rows]
 
 
-def _other_new_values(stepped, found: ChangeSet) -> list[int]:
-    """Reported indices whose new value is not the payload's bits after the step, NaNs
-    apart: torch's CPU cast of one NaN master gives 0x7FC0 or 0xFFFF (bf16) by code path,
-    a 0-d tensor's or a vector's. An empty tensor's change set is ``ChangeSet.empty``,
-    without values."""
-    if not len(found):
-        return []
-    new = stepped.new.reshape(-1)[found.indices.long()]
-    nan = new.isnan() & found.values.isnan()
-    return found.indices[(int_bits(new) != int_bits(found.values)) & ~nan].tolist()
-
-
 # The minus-zero miss fixed in inversion.py: with beta1 = 0, a negative first moment and a
 # -0 gradient, torch's lerp leaves exp_avg == -0; the step then adds +0 to a -0 master,
 # which becomes +0 (a bit change) although m == 0.
@@ -91,8 +79,7 @@ def test_inversion_never_misses_and_bounds_the_old_value(case):
 
     Real torch AdamW (for-loop, foreach, fused) on boundary-stressing fp32 masters, for
     bf16, fp16 and fp32 payloads: every element whose payload bits changed is reported,
-    and for every reported element base_low <= old <= base_high in total bit order and
-    its new value is the payload's bits after the step.
+    and for every reported element base_low <= old <= base_high in total bit order.
     """
     stepped = run_case(case)
     reference = diff(stepped.old, stepped.new)
@@ -101,7 +88,6 @@ def test_inversion_never_misses_and_bounds_the_old_value(case):
     assert found.indices.tolist() == sorted(set(found.indices.tolist()))
     assert torch.int32 == found.indices.dtype
     assert [] == _outside_bounds(stepped, found)
-    assert [] == _other_new_values(stepped, found)
 
 
 @given(case=midpoint_cases())
@@ -240,7 +226,6 @@ def test_chunks_give_the_same_result(monkeypatch):
     assert whole.indices.tolist() == chunked.indices.tolist()
     assert bits_of(whole.base_low) == bits_of(chunked.base_low)
     assert bits_of(whole.base_high) == bits_of(chunked.base_high)
-    assert bits_of(whole.values) == bits_of(chunked.values)
 
 
 def test_zero_first_moment_without_decay_is_exact():
@@ -322,7 +307,6 @@ def test_inverting_all_is_inverting_each():
         assert e.indices.tolist() == a.indices.tolist()
         assert bits_of(e.base_low) == bits_of(a.base_low)
         assert bits_of(e.base_high) == bits_of(a.base_high)
-        assert values_bits(e) == values_bits(a)
     assert [1, 2, 0, 0] == [len(a) for a in actual]
 
 

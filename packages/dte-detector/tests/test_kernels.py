@@ -2,9 +2,8 @@
 
 Marker ``gpu`` (left out of the default run). Each test runs the same inputs through
 ``dispatch.reference()`` (torch) and through the kernels, and asserts equal indices and
-equal bit patterns (bounds, and new values where reported); the inversion tests also
-assert no change is missed against the snapshot diff and that the new values are the
-payload model's bits.
+equal bit patterns; the inversion tests also assert no change is missed against the
+snapshot diff.
 """
 
 from __future__ import annotations
@@ -18,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 from detector_cases import (adamw_cases, bits_of, midpoint_cases, midpoints, record_all,
-                            run_case, values_bits)
+                            run_case)
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -45,16 +44,6 @@ def _assert_same(expected: ChangeSet, actual: ChangeSet) -> None:
     assert expected.indices.tolist() == actual.indices.tolist()
     assert bits_of(expected.base_low) == bits_of(actual.base_low)
     assert bits_of(expected.base_high) == bits_of(actual.base_high)
-    assert values_bits(expected) == values_bits(actual)
-
-
-def _assert_model_values(model: torch.Tensor, found: ChangeSet) -> None:
-    """The inversion's new values are the payload model's bits at its indices (an empty
-    change set, ``ChangeSet.empty``, reports none)."""
-    if found.values is None:
-        assert 0 == found.indices.numel()
-        return
-    assert bits_of(model.reshape(-1)[found.indices.long()]) == bits_of(found.values)
 
 
 def _both(stepped, dtype: torch.dtype) -> tuple[ChangeSet, ChangeSet]:
@@ -70,7 +59,6 @@ def _assert_kernel_is_reference_and_sound(case) -> None:
     stepped = run_case(case, device="cuda")
     expected, actual = _both(stepped, case.dtype)
     _assert_same(expected, actual)
-    _assert_model_values(stepped.new, actual)
     truth = diff(stepped.old, stepped.new)
     assert [] == truth.indices[~torch.isin(truth.indices, actual.indices)].tolist()
 
@@ -78,8 +66,8 @@ def _assert_kernel_is_reference_and_sound(case) -> None:
 @given(case=adamw_cases(dtypes=HALF_DTYPES))
 def test_inversion_kernel_is_the_reference_on_boundary_cases(case):
     """Boundary masters, NaN/inf/+-0 gradients, random hyper-parameters, every torch AdamW
-    implementation: the kernel's change set (new values included: the model's bits)
-    equals the torch reference's bit for bit and misses nothing of the snapshot diff."""
+    implementation: the kernel's change set equals the torch reference's bit for bit
+    and misses nothing of the snapshot diff."""
     _assert_kernel_is_reference_and_sound(case)
 
 
@@ -119,7 +107,6 @@ def test_inversion_kernel_is_the_reference_at_scale(lr, weight_decay, impl):
             expected = invert_adamw(*args, previous_step=state.hyper.step - 1, dtype=dtype)
         actual = invert_adamw(*args, previous_step=state.hyper.step - 1, dtype=dtype)
         _assert_same(expected, actual)
-        _assert_model_values(state.param.detach().to(dtype), actual)
         truth = diff(olds[dtype], state.param.detach().to(dtype))
         assert 0 == (~torch.isin(truth.indices, actual.indices)).sum().item()
 
@@ -162,9 +149,8 @@ def test_inversion_kernel_is_the_reference_on_special_values(dtype, weight_decay
     master, m, v = _specials()
     with reference():
         expected = invert_adamw("w", master, m, v, hyper, previous_step=2, dtype=dtype)
-    actual = invert_adamw("w", master, m, v, hyper, previous_step=2, dtype=dtype)
-    _assert_same(expected, actual)
-    _assert_model_values(master.to(dtype), actual)
+    _assert_same(expected, invert_adamw("w", master, m, v, hyper, previous_step=2,
+                                        dtype=dtype))
 
 
 def _cast_trajectory(count: int, seed: int, steps: int):
@@ -291,7 +277,6 @@ def test_batched_inversion_is_the_reference_per_tensor(monkeypatch, group_elemen
     actual = invert_adamw_all(inversions)
     for one, e, a, old in zip(inversions, expected, actual, olds):
         _assert_same(e, a)
-        _assert_model_values(one.master.to(one.dtype), a)
         truth = diff(old[one.dtype], one.master.to(one.dtype))
         assert 0 == (~torch.isin(truth.indices, a.indices)).sum().item()
 

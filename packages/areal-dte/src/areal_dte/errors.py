@@ -15,17 +15,13 @@ class ArealDteError(Exception):
 
 
 class MissedChangeError(ArealDteError, ValueError):
-    """Snapshot verification: a detector missed a changed element of ``tensor``, gave
-    old-value bounds that exclude the value the receiver holds, or new values
-    (``ChangeSet.values``) other than the model's."""
+    """Snapshot verification: a detector missed a changed element of ``tensor``, or gave
+    old-value bounds that exclude the value the receiver holds."""
 
-    def __init__(self, tensor: str, *, missed: int, outside: int, example: int,
-                 wrong: int = 0):
+    def __init__(self, tensor: str, *, missed: int, outside: int, example: int):
         self.tensor, self.missed, self.outside, self.example = tensor, missed, outside, example
-        self.wrong = wrong
         super().__init__(f"tensor {tensor!r}: {missed} changed elements missed, {outside} "
-                         f"old values outside their bounds, {wrong} new values other than "
-                         f"the model's (e.g. element {example})")
+                         f"old values outside their bounds (e.g. element {example})")
 
 
 class UnknownParameterError(ArealDteError, ValueError):

@@ -1,20 +1,13 @@
 """Where the change set of each tensor of a set lies, as numpy columns: the fused encoder
-reads indices, bounds and new values in place through these addresses.
+reads indices and bounds in place through these addresses.
 
 A batched detection hands its change sets over as runs (``dte_detector.FlatChanges``):
-per group of tensors one indices buffer, two bounds buffers and, where the detector
-reports them, one buffer of new values, the members back to back, with their counts
-known on the host. A run's columns follow with numpy from its base addresses and the
-counts, and the checks a change set must pass (index dtype, bounds' dtype and length,
-device, contiguity) are made once per run, not per tensor. Change sets given one by one
-(any other ``Mapping``, and a ``FlatChanges``' ``loose`` ones) are read one by one.
-Either way the columns, so the bytes, are the same.
-
-New values (``values``: ``dte_detector.ChangeSet.values``, read with ``getattr`` so that
-change sets without the attribute fit) are what the weights hold at the indices; the
-encoder reads them contiguously instead of gathering from the weights. A tensor whose
-change set has none, or has them in another dtype, length, device or layout than its
-bounds, gets address 0: the weights are read, as the reference encoder always does.
+per group of tensors one indices buffer and two bounds buffers, the members back to
+back, with their counts known on the host. A run's columns follow with numpy from its
+three base addresses and the counts, and the checks a change set must pass (index
+dtype, bounds' dtype and length, device, contiguity) are made once per run, not per
+tensor. Change sets given one by one (any other ``Mapping``, and a ``FlatChanges``'
+``loose`` ones) are read one by one. Either way the columns, so the bytes, are the same.
 """
 
 from __future__ import annotations
@@ -43,7 +36,6 @@ class ChangeRun(Protocol):
     indices: torch.Tensor
     base_low: torch.Tensor
     base_high: torch.Tensor
-    # optional (read with getattr): the members' new values back to back, or None
 
 
 def parts(changes: Mapping[str, ChangeSet]) -> tuple[Sequence[ChangeRun], Mapping[str, ChangeSet]]:
@@ -104,15 +96,14 @@ def change_counts(known: TensorSet, members: Members, loose: Mapping[str, Change
 @attrs.frozen(eq=False)
 class ChangeTable:
     """Per tensor of a set (a column entry per row; zero where it has no change), the
-    addresses of its change set's indices, index itemsize, bounds and new values (zero
-    where it has none: the encoder reads the weights)."""
+    addresses of its change set's indices, index itemsize and bounds."""
 
     columns: np.ndarray
     """Rows ``COLUMNS``, a column per tensor."""
     keep: tuple
     """The tensors the addresses point into: kept alive until the kernels are queued."""
 
-    COLUMNS = ("index_at", "index_size", "low_at", "high_at", "new_at")
+    COLUMNS = ("index_at", "index_size", "low_at", "high_at")
 
     @classmethod
     def of(cls, known: TensorSet, members: Members, loose: Mapping[str, ChangeSet],
@@ -129,16 +120,14 @@ class ChangeTable:
             ids = known.dtype_ids
             base = np.array([(ids.get(run.base_low.dtype, -1), run.indices.data_ptr(),
                               run.indices.element_size(), run.base_low.data_ptr(),
-                              run.base_high.data_ptr(), _values_at(run, device),
-                              run.base_low.element_size())
+                              run.base_high.data_ptr(), run.base_low.element_size())
                              for run in runs], np.int64)
-            dtype, index_at, size, low_at, high_at, new_at, item = base[members.run].T
+            dtype, index_at, size, low_at, high_at, item = base[members.run].T
             if (known.dtype_column[members.at] != dtype).any():
                 return None  # bounds in another dtype than their tensor's
             start = members.start
             columns[:, members.at] = [index_at + start * size, size, low_at + start * item,
-                                      high_at + start * item,
-                                      np.where(new_at != 0, new_at + start * item, 0)]
+                                      high_at + start * item]
         keep: list[object] = list(runs)
         row, dtypes = known.row, known.table.dtypes
         at, found = [], []
@@ -149,11 +138,10 @@ class ChangeTable:
                     return None
                 indices = _indices(change, device)
                 low, high = _in_place(change.base_low, device), _in_place(change.base_high, device)
-                new = _new_values(change, low)
                 at.append(r)
                 found += [indices.data_ptr(), indices.element_size(), low.data_ptr(),
-                          high.data_ptr(), 0 if new is None else new.data_ptr()]
-                keep.append((indices, low, high, new))
+                          high.data_ptr()]
+                keep.append((indices, low, high))
         if at:
             columns[:, at] = np.array(found, np.int64).reshape(-1, len(cls.COLUMNS)).T
         return cls(columns, tuple(keep))
@@ -170,28 +158,6 @@ def _run_fits(run: ChangeRun, device: torch.device) -> bool:
             and index.shape == shape and low.shape == shape and high.shape == shape
             and index.device == device and low.device == device and high.device == device
             and index.is_contiguous() and low.is_contiguous() and high.is_contiguous())
-
-
-def _values_at(run: ChangeRun, device: torch.device) -> int:
-    """The address of a fitting run's new values (``_run_fits``' checks against its
-    bounds), or 0: none, or not in the bounds' dtype, shape, device or layout."""
-    values = getattr(run, "values", None)
-    if (not _values_fit(values, run.base_low) or values.device != device
-            or not values.is_contiguous()):
-        return 0
-    return values.data_ptr()
-
-
-def _new_values(change: ChangeSet, low: torch.Tensor) -> torch.Tensor | None:
-    """A loose change set's new values on ``low``'s device, contiguous, or None: none, or
-    not one per index in the bounds' dtype (``low``: its bounds as the kernels read them)."""
-    values = getattr(change, "values", None)
-    return _in_place(values, low.device) if _values_fit(values, low) else None
-
-
-def _values_fit(values: torch.Tensor | None, low: torch.Tensor) -> bool:
-    """New values given, one per bound, in the bounds' dtype."""
-    return values is not None and values.dtype == low.dtype and values.shape == low.shape
 
 
 def bounds_fit(dtypes: list[torch.dtype], counts: list[int], changes: Sequence) -> bool:

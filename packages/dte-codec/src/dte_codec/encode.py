@@ -27,9 +27,6 @@ class ChangeSet(Protocol):
     ``indices``: sorted, unique flat indices of the elements to send (int32 or int64).
     ``base_low``/``base_high``: per index, bounds on the receiver's current value, in the
     tensor's dtype, compared in the total order of bit patterns; equal when exact.
-    ``values`` (optional, read with ``getattr``; ``dte_detector.ChangeSet.values``): per
-    index the tensor's value at encoding time, in its dtype, which the fused encoder
-    sends instead of reading the tensor (the reference reads the tensor).
     """
 
     indices: torch.Tensor

@@ -6,8 +6,7 @@ flat space is laid out in blocks of ``BLOCK`` elements that each lie inside one 
 block -> tensor table and reads every per-tensor number once, as a scalar: no binary
 search, no per-element table reads, and no compile-time constant that depends on the
 number of tensors (a sync whose tensor count crosses a power of two recompiles
-nothing). Change sets and tensors are read in place through their addresses; a change
-set that carries its new values (``change_table``) is read instead of the weights.
+nothing). Change sets and tensors are read in place through their addresses.
 
 1. ``_stats``: per tensor, gaps over a byte, invalid indices and the histogram of residue
    widths, added per block with a handful of atomic adds (host sync 1 of the encoder);
@@ -67,10 +66,9 @@ _STATIC = ("numel", "bits", "residue", "value_at", "size")
 _ITEMS = ("count", "first_block", "blocks", *ChangeTable.COLUMNS, *_STATIC)
 """The items table (one row per column, one entry per tensor): the sync's counts and
 blocks, then where its change sets lie, then what only the tensor set decides."""
-(_COUNT, _FIRST_BLOCK, _INDEX_AT, _INDEX_SIZE, _LOW_AT, _HIGH_AT, _NEW_AT, _NUMEL, _BITS,
- _RESIDUE, _VALUE_AT, _SIZE) = rows_of(_ITEMS, "count", "first_block", "index_at", "index_size",
-                                      "low_at", "high_at", "new_at", "numel", "bits",
-                                      "residue", "value_at", "size")
+(_COUNT, _FIRST_BLOCK, _INDEX_AT, _INDEX_SIZE, _LOW_AT, _HIGH_AT, _NUMEL, _BITS, _RESIDUE,
+ _VALUE_AT, _SIZE) = rows_of(_ITEMS, "count", "first_block", "index_at", "index_size", "low_at",
+                           "high_at", "numel", "bits", "residue", "value_at", "size")
 _BLOCKS = _ITEMS.index("blocks")
 (_ENC, _FIRST, _STRIDE, _WIDTH, _SECOND, _ESCAPE_BITS, _LOW_WIDTH, _VENC, _VWIDTH, _FIELDS,
  _POSITIONS, _POSITION_BITS, _RAW) = rows_of(
@@ -98,23 +96,14 @@ def _index(items, segments, seg, rank, valid):
 
 
 @triton.jit
-def _pattern(items, segments, seg, idx, rank, valid):
-    """The new value's unsigned bit pattern of each element: read contiguously, by rank,
-    from the change set's new values where it has them (``change_table``), else gathered
-    from the weights at each (clamped) index; an invalid index is reported by the
-    statistics, never read out of bounds."""
-    new_at = column(items, _NEW_AT, segments, seg)
-    size = column(items, _SIZE, segments, seg)
+def _pattern(items, segments, seg, idx, valid):
+    """The new value's unsigned bit pattern at each (clamped) index; an invalid index is
+    reported by the statistics, never read out of bounds."""
+    numel = column(items, _NUMEL, segments, seg)
+    safe = tl.minimum(tl.maximum(idx, 0), numel - 1)
     mask = width_mask(column(items, _BITS, segments, seg))
-    # one branch per program (its elements are one tensor's): the gather touches about a
-    # 32-byte sector of the weights per element at a few percent changed
-    if new_at != 0:
-        pattern = load_uniform(new_at, rank, size, valid)
-    else:
-        numel = column(items, _NUMEL, segments, seg)
-        safe = tl.minimum(tl.maximum(idx, 0), numel - 1)
-        pattern = load_uniform(column(items, _VALUE_AT, segments, seg), safe, size, valid)
-    return pattern & mask
+    return load_uniform(column(items, _VALUE_AT, segments, seg), safe,
+                    column(items, _SIZE, segments, seg), valid) & mask
 
 
 @triton.jit
@@ -133,7 +122,7 @@ def _stats(items, block_seg, segments, codes, patterns, pattern_size, out, kept,
     numel = column(items, _NUMEL, segments, seg)
     bits = column(items, _BITS, segments, seg)
     residue = column(items, _RESIDUE, segments, seg) != 0
-    pattern = _pattern(items, segments, seg, idx, rank, valid)
+    pattern = _pattern(items, segments, seg, idx, valid)
     # bounds are read for residue dtypes only; the others need no residue width
     size, mask = column(items, _SIZE, segments, seg), width_mask(bits)
     # tl.where, not &: Triton's interpreter types a scalar flag ANDed with a block of flags

@@ -39,6 +39,8 @@ WAVES = 64
 """Programs per multiprocessor (``staging.programs``): more than fit at once (about five),
 so that the programs' last tiles even out across the multiprocessors (measured against
 16, 32 and 128 in docs/benchmarks.md)."""
+REGISTERS: int | None = None
+"""A cap on registers per thread (``maxnreg``), None: the compiler's choice."""
 SLAB_FRACTION = 4
 """A tile stages at most a quarter of its elements as first seen (1 byte of scratch per
 element); a denser tile is done again by the dense pass."""
@@ -98,9 +100,9 @@ def _tile(model_ptr, dirty_ptr, offsets_ptr, width, counts_ptr, dense_ptr, slab_
     if count <= KEEP:
         if DENSE:
             place(index_ptr, old_ptr, total, tl.load(slab_ptr + tile) - count, fresh, offsets,
-                  old, old, old, VALUES=1)
-        else:  # the int32 slab keeps the offset and the first value only
-            stage(slab_ptr, tile, fresh, local, old, old, old, KEEP)
+                  old, old, VALUES=1)
+        else:
+            stage(slab_ptr, tile, fresh, local, old, old, KEEP)
         row_flips = tl.sum(flips << columns, axis=1)
         tl.store(dirty_at, (before | row_flips).to(tl.uint8), mask=in_map)
         if COPY:
@@ -190,7 +192,8 @@ def record(members: Sequence[tuple[torch.Tensor, torch.Tensor, torch.Tensor]],
                   "ROWS": ROWS, "SLAB": capacity, "num_warps": WARPS,
                   "FP32_ALIGN": _FP32_ALIGN if group.aligned else 1,
                   "HALF_ALIGN": _HALF_ALIGN if group.aligned else 1,
-                  "NARROW": narrow(group.numel, ROWS)}
+                  "NARROW": narrow(group.numel, ROWS),
+                  **({"maxnreg": REGISTERS} if REGISTERS else {})}
         tables = (master, model.view(torch.int16), dirty, group.offsets, group.offsets.shape[1],
                   group.numels, group.starts, counts)
         _record[(programs(group.tiles, device, waves=WAVES),)](

@@ -22,19 +22,11 @@ class ChangeSet:
     elements, else int64) and may over-report, never miss. ``base_low``/``base_high``
     bound, per index, the value the receiver still holds, in the tensor's dtype and in
     the total order of its bit patterns (-0 below +0); they are equal when exact.
-
-    ``values``, where a detector reports them, are the payload bits of the weights at
-    ``indices`` at detection time (same dtype as ``base_low``): an encoder sends them
-    instead of reading the weights, so they must be what the weights hold when the
-    payload is encoded (the inversion reports ``master.to(dtype)``, the payload copy a
-    trainer makes of its master). None: the encoder reads the weights.
     """
 
     indices: torch.Tensor
     base_low: torch.Tensor
     base_high: torch.Tensor
-    values: torch.Tensor | None = None
-    """The new payload values at ``indices``, or None (not reported)."""
 
     @classmethod
     def exact(cls, indices: torch.Tensor, base: torch.Tensor) -> ChangeSet:
@@ -55,10 +47,9 @@ class ChangeSet:
 @attrs.frozen(eq=False, slots=False)
 class ChangeRun:
     """The change sets of several tensors back to back, as a batched detector writes them:
-    member ``k``'s are the ``counts[k]`` entries of ``indices``, ``base_low``,
-    ``base_high`` (and ``values``, where reported) after those of the members before it.
-    An encoder reads a run through its buffers and the counts instead of a tensor call
-    per member."""
+    member ``k``'s are the ``counts[k]`` entries of ``indices``, ``base_low`` and
+    ``base_high`` after those of the members before it. An encoder reads a run through
+    its three buffers and the counts instead of a tensor call per member."""
 
     names: tuple
     """The members' keys: names in a ``FlatChanges``, positions as a detector writes them."""
@@ -66,8 +57,6 @@ class ChangeRun:
     indices: torch.Tensor
     base_low: torch.Tensor
     base_high: torch.Tensor
-    values: torch.Tensor | None = None
-    """The members' new payload values back to back (``ChangeSet.values``), or None."""
     starts: tuple[int, ...] = attrs.field(init=False)
     """Each member's first entry."""
 
@@ -78,10 +67,8 @@ class ChangeRun:
     def change_set(self, member: int) -> ChangeSet:
         """Member ``member``'s change set (views of the run's buffers)."""
         start, count = self.starts[member], self.counts[member]
-        values = self.values
         return ChangeSet(*(t[start:start + count]
-                           for t in (self.indices, self.base_low, self.base_high)),
-                         None if values is None else values[start:start + count])
+                           for t in (self.indices, self.base_low, self.base_high)))
 
     def member(self, name: object) -> int | None:
         """The position of member ``name``, or None."""
@@ -94,7 +81,7 @@ class ChangeRun:
     def named(self, keys: Sequence) -> ChangeRun:
         """This run with member ``k`` keyed ``keys[self.names[k]]`` (positions to names)."""
         return ChangeRun(tuple(keys[at] for at in self.names), self.counts, self.indices,
-                         self.base_low, self.base_high, self.values)
+                         self.base_low, self.base_high)
 
 
 class FlatChanges(Mapping[str, ChangeSet]):

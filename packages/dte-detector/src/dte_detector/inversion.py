@@ -212,8 +212,8 @@ def _invert_reference(p: torch.Tensor, m: torch.Tensor, v: torch.Tensor, hyper: 
                            guard_ulps) for s in range(0, p.numel(), CHUNK)]
     offsets = range(0, p.numel(), CHUNK)
     indices = torch.cat([part[0] + o for part, o in zip(parts, offsets)])
-    low, high, new = (torch.cat([part[k] for part in parts]) for k in (1, 2, 3))
-    return ChangeSet(indices.to(index_dtype(p.numel())), low, high, new)
+    return ChangeSet(indices.to(index_dtype(p.numel())), torch.cat([part[1] for part in parts]),
+                     torch.cat([part[2] for part in parts]))
 
 
 def bias_correction_error(h: AdamWStep) -> float:
@@ -322,14 +322,12 @@ def guard_band(p: torch.Tensor, estimate: Estimate, h: AdamWStep, *,
 
 def _invert_chunk(p: torch.Tensor, m: torch.Tensor, v: torch.Tensor, h: AdamWStep,
                   dtype: torch.dtype, guard_ulps: float):
-    """The changed indices, their bounds and their new payload values (``p.to(dtype)``)."""
     estimate = estimate_previous(p, m, v, h)
     u, c = estimate.update, estimate.decay
     guard = guard_band(p, estimate, h, guard_ulps=guard_ulps)
     low, high = _zero_outward((estimate.previous - guard).to(dtype),
                               (estimate.previous + guard).to(dtype))
-    cast = p.to(dtype)
-    new = int_bits(cast)
+    new = int_bits(p.to(dtype))
     same = (int_bits(low) == new) & (int_bits(high) == new)
     still = (p != 0) & (c == 1.0) | (p == 0) & torch.signbit(p)
     exact = (m == 0) & still
@@ -340,7 +338,7 @@ def _invert_chunk(p: torch.Tensor, m: torch.Tensor, v: torch.Tensor, h: AdamWSte
     unknown = unknown_bounds(dtype, indices.numel(), p.device)
     low, high = (torch.where(finite, int_bits(b[indices]), int_bits(any_)).view(dtype)
                  for b, any_ in zip((low, high), unknown))
-    return indices, low, high, cast[indices]
+    return indices, low, high
 
 
 def _zero_outward(low: torch.Tensor, high: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -16,14 +16,12 @@ handling as ``inversion._invert_chunk``, with the same fp32 roundings in the sam
 ``invert`` takes the tensors of a whole sync at once (``batch.py``: groups of
 tensors with the same step and payload, walked as one tile space, one host
 synchronisation per group). ``_mark`` reads ``p``, ``m``, ``v`` once (12 bytes per
-element), tile by tile (``staging.py``), and writes a count per tile and the offsets,
-bounds and new payload bits of its first changes into the tile's slab (one int64 word
-each, ``1 / SLAB_FRACTION`` of its elements: 1 byte of scratch per element);
-``staging.gather`` moves the slabs into sorted outputs (as ``torch.nonzero`` would order
-them; the new bits are ``ChangeSet.values``, which the encoder sends without reading the
-weights). A tile with more changes than its slab holds is recomputed by ``_dense``,
-which writes them straight into the outputs (launched only when such a tile exists).
-Offsets within a member are int32 where its size allows.
+element), tile by tile (``staging.py``), and writes a count per tile and the offsets and
+bounds of its first changes into the tile's slab (``1 / SLAB_FRACTION`` of its elements,
+1 byte of scratch per element); ``staging.gather`` moves the slabs into sorted outputs
+(as ``torch.nonzero`` would order them). A tile with more changes than its slab holds is
+recomputed by ``_dense``, which writes them straight into the outputs (launched only
+when such a tile exists). Offsets within a member are int32 where its size allows.
 
 The term ``mu`` needs an IEEE division ``1 / d`` per element; where it is below half an
 ulp of the rest of the guard it cannot change the rounded sum, so a tile computes it only
@@ -58,9 +56,9 @@ that the programs' last tiles even out across the multiprocessors (measured agai
 SLAB_FRACTION = 8
 """A tile stages at most ``1 / SLAB_FRACTION`` of its elements as changed; a denser tile
 is recomputed by ``_dense``."""
-_VALUES: tl.constexpr = tl.constexpr(3)
-"""Staged per change: its low and high bounds and its new payload bits (the encoder sends
-those instead of gathering them from the weights: ``ChangeSet.values``)."""
+REGISTERS: int | None = None
+"""A cap on registers per thread (``maxnreg``), None: the compiler's choice (caps of 96,
+80 and 72 made ``_mark`` slower: docs/benchmarks.md)."""
 _FIXED = {"enable_fp_fusion": False}
 _FP32_ALIGN = batch.VECTOR_BYTES // 4
 # mu * 2**100 < underflow * 2**25 * 1.01 / d + 2**-48 and guard * 2**-25 <= ulp(guard) / 2,
@@ -103,7 +101,7 @@ def _finite(x):
 @triton.jit
 def _verdict(p, m, v, inv_sqrt_bc2, eps, step_size, inv_decay, relative, bias, floor,
              underflow, half_eta, DECAY_IS_ONE: tl.constexpr, PAYLOAD: tl.constexpr):
-    """``(changed, low bits, high bits, new bits)`` of ``_invert_chunk``, op for op.
+    """``(changed, low bits, high bits)`` of ``_invert_chunk``, op for op.
 
     ``mu = fl(fl(fl(1 / d) * underflow) * half_eta) <= underflow * 2**-75 / d * (1 + 2**-22)
     + 2**-150``; if ``underflow * 2**25 * 1.01 <= (guard * 2**75 - 2**-48) * d``
@@ -139,7 +137,7 @@ def _verdict(p, m, v, inv_sqrt_bc2, eps, step_size, inv_decay, relative, bias, f
     changed = ((same | exact) & finite) == 0
     low = tl.where(finite, low, 0xFFFF)  # unknown_bounds: lowest and highest patterns
     high = tl.where(finite, high, 0x7FFF)
-    return changed, low, high, new
+    return changed, low, high
 
 
 @triton.jit
@@ -165,9 +163,9 @@ def _mark(p_ptr, m_ptr, v_ptr, offsets_ptr, width, numels_ptr, starts_ptr, count
           floor, underflow, half_eta, DECAY_IS_ONE: tl.constexpr, PAYLOAD: tl.constexpr,
           ROWS: tl.constexpr, SLAB: tl.constexpr, ALIGN: tl.constexpr,
           NARROW: tl.constexpr):
-    """Per tile: the count of changed elements and the tile offsets, bounds and new
-    payload bits of the first SLAB of them staged in the tile's slab; a tile with more
-    adds one at ``dense_ptr``. Reads the next tile first."""
+    """Per tile: the count of changed elements and the tile offsets and bounds of the
+    first SLAB of them staged in the tile's slab; a tile with more adds one at
+    ``dense_ptr``. Reads the next tile first."""
     first, step = tl.program_id(0), tl.num_programs(0)
     member = advance(starts_ptr, first.to(tl.int64) * 0, first)
     p, m, v, numel, offsets = _load(p_ptr, m_ptr, v_ptr, offsets_ptr, width, numels_ptr,
@@ -178,18 +176,17 @@ def _mark(p_ptr, m_ptr, v_ptr, offsets_ptr, width, numels_ptr, starts_ptr, count
         p_next, m_next, v_next, numel_next, offsets_next = _load(
             p_ptr, m_ptr, v_ptr, offsets_ptr, width, numels_ptr, starts_ptr, member,
             tile + step, ROWS, ALIGN, NARROW)
-        changed, low, high, new = _verdict(p, m, v, inv_sqrt_bc2, eps, step_size, inv_decay,
-                                           relative, bias, floor, underflow, half_eta,
-                                           DECAY_IS_ONE, PAYLOAD)
+        changed, low, high = _verdict(p, m, v, inv_sqrt_bc2, eps, step_size, inv_decay,
+                                      relative, bias, floor, underflow, half_eta,
+                                      DECAY_IS_ONE, PAYLOAD)
         flags = (changed & (offsets < numel)).to(tl.int32)
-        stage_counted(slab_ptr, counts_ptr, dense_ptr, tile, flags, local, low, high, new,
-                      SLAB)
+        stage_counted(slab_ptr, counts_ptr, dense_ptr, tile, flags, local, low, high, SLAB)
         p, m, v, numel, offsets = p_next, m_next, v_next, numel_next, offsets_next
 
 
 @triton.jit(do_not_specialize=["total", "width", "steps"])
 def _dense(p_ptr, m_ptr, v_ptr, offsets_ptr, width, numels_ptr, starts_ptr, counts_ptr,
-           ends_ptr, index_ptr, values_ptr, total, steps, inv_sqrt_bc2, eps, step_size,
+           ends_ptr, index_ptr, bounds_ptr, total, steps, inv_sqrt_bc2, eps, step_size,
            inv_decay, relative, bias, floor, underflow, half_eta, DECAY_IS_ONE: tl.constexpr,
            PAYLOAD: tl.constexpr, ROWS: tl.constexpr, SLAB: tl.constexpr,
            ALIGN: tl.constexpr, NARROW: tl.constexpr):
@@ -201,12 +198,12 @@ def _dense(p_ptr, m_ptr, v_ptr, offsets_ptr, width, numels_ptr, starts_ptr, coun
         p, m, v, numel, offsets = _load(p_ptr, m_ptr, v_ptr, offsets_ptr, width, numels_ptr,
                                         starts_ptr, locate(starts_ptr, tile, steps), tile, ROWS,
                                         ALIGN, NARROW)
-        changed, low, high, new = _verdict(p, m, v, inv_sqrt_bc2, eps, step_size, inv_decay,
-                                           relative, bias, floor, underflow, half_eta,
-                                           DECAY_IS_ONE, PAYLOAD)
+        changed, low, high = _verdict(p, m, v, inv_sqrt_bc2, eps, step_size, inv_decay,
+                                      relative, bias, floor, underflow, half_eta,
+                                      DECAY_IS_ONE, PAYLOAD)
         flags = (changed & (offsets < numel)).to(tl.int32)
-        place(index_ptr, values_ptr, total, tl.load(ends_ptr + tile) - count, flags, offsets,
-              low, high, new, VALUES=_VALUES)
+        place(index_ptr, bounds_ptr, total, tl.load(ends_ptr + tile) - count, flags, offsets,
+              low, high, VALUES=2)
 
 
 _PAYLOAD = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
@@ -255,7 +252,8 @@ def invert(flats: Sequence[tuple[torch.Tensor, torch.Tensor, torch.Tensor]],
         staged = torch.empty(group.tiles * slab, dtype=torch.int64, device=device)
         config = {"DECAY_IS_ONE": decay_is_one, "PAYLOAD": _PAYLOAD[dtype], "ROWS": ROWS,
                   "SLAB": slab, "ALIGN": _FP32_ALIGN if group.aligned else 1,
-                  "NARROW": narrow(group.numel, ROWS), **_FIXED}
+                  "NARROW": narrow(group.numel, ROWS), **_FIXED,
+                  **({"maxnreg": REGISTERS} if REGISTERS else {})}
         tables = (*flats[group.members[0]], group.offsets, group.offsets.shape[1], group.numels,
                   group.starts, counts)
         _mark[(programs(group.tiles, device, waves=WAVES),)](
@@ -266,15 +264,15 @@ def invert(flats: Sequence[tuple[torch.Tensor, torch.Tensor, torch.Tensor]],
         tables, config, counts, ends, staged, _ = launched
         dense, *member_ends = sizes
         total = member_ends[-1]
-        indices, values = gather(counts, ends, total, staged, group.starts,
-                                 steps=group.steps, numel=group.numel, values=_VALUES.value,
-                                 rows=ROWS, capacity=slab)
+        indices, bounds = gather(counts, ends, total, staged, group.starts,
+                                 steps=group.steps, numel=group.numel, values=2, rows=ROWS,
+                                 capacity=slab)
         if dense:
-            _dense[(group.tiles,)](*tables, ends, indices, values, total, group.steps,
+            _dense[(group.tiles,)](*tables, ends, indices, bounds, total, group.steps,
                                    *keys[group.members[0]][0], num_warps=WARPS, **config)
-        low, high, new = values.view(keys[group.members[0]][2])
+        dtype = keys[group.members[0]][2]
         found.append(ChangeRun(group.members, tuple(batch.member_counts(member_ends)), indices,
-                               low, high, new))
+                               bounds[0].view(dtype), bounds[1].view(dtype)))
 
     with on_device(device):
         batch.pipelined(groups, launch, lambda launched: launched[-1], finish)

@@ -4,7 +4,7 @@ A detection kernel walks the tensors of one ``batch.Group`` as one space of ``[R
 tiles (one byte of packed bits per row; every member starts on a tile of its own), a few
 programs per multiprocessor, each reading its next tile while it works on the current one
 (so that loads stay in flight during the arithmetic). It stages the selected elements of
-a tile (their offset in the tile and one to three 16-bit values, packed into one int32 or
+a tile (their offset in the tile and one or two 16-bit values, packed into one int32 or
 int64 word) in the tile's slab of ``SLAB`` slots, in index order, and writes the tile's
 count (int64). A tile with more than ``SLAB`` selected elements stages nothing (or,
 through ``stage_counted``, its first ``SLAB``, which ``gather`` skips) and adds one to
@@ -104,15 +104,15 @@ def slots(flags):
 
 
 @triton.jit
-def stage(slab_ptr, tile, flags, local, first, second, third, SLAB: tl.constexpr):
+def stage(slab_ptr, tile, flags, local, first, second, SLAB: tl.constexpr):
     """Stage the flagged elements of a tile in its slab, in index order, one word each:
-    the offset in the tile in bits 0-15, ``first`` in 16-31, ``second`` in 32-47,
-    ``third`` in 48-63 (an int32 slab keeps the offset and ``first``)."""
-    _put(slab_ptr, tile, flags != 0, slots(flags), local, first, second, third, SLAB)
+    the offset in the tile in bits 0-15, ``first`` in 16-31, ``second`` in 32-47 (an
+    int32 slab keeps the first two)."""
+    _put(slab_ptr, tile, flags != 0, slots(flags), local, first, second, SLAB)
 
 
 @triton.jit
-def stage_counted(slab_ptr, counts_ptr, dense_ptr, tile, flags, local, first, second, third,
+def stage_counted(slab_ptr, counts_ptr, dense_ptr, tile, flags, local, first, second,
                   SLAB: tl.constexpr):
     """``stage`` for a tile of any count, its count stored and, past ``SLAB``, the tile
     counted as dense (as ``store_count`` does): the first ``SLAB`` flagged elements go to
@@ -126,16 +126,14 @@ def stage_counted(slab_ptr, counts_ptr, dense_ptr, tile, flags, local, first, se
     at = tl.zeros_like(ends)
     tl.store(counts_ptr + tile + at, ends.to(tl.int64), mask=last)
     tl.atomic_add(dense_ptr + at, 1, mask=last & (ends > SLAB))
-    _put(slab_ptr, tile, (flags != 0) & (rank < SLAB), rank, local, first, second, third,
-         SLAB)
+    _put(slab_ptr, tile, (flags != 0) & (rank < SLAB), rank, local, first, second, SLAB)
 
 
 @triton.jit
-def _put(slab_ptr, tile, keep, rank, local, first, second, third, SLAB: tl.constexpr):
+def _put(slab_ptr, tile, keep, rank, local, first, second, SLAB: tl.constexpr):
     # the halves in int32, so that the int64 word is only their placement
     low = local | (first.to(tl.int32) & 0xFFFF) << 16
-    high = (second.to(tl.int32) & 0xFFFF) | (third.to(tl.int32) & 0xFFFF) << 16
-    word = (high.to(tl.uint32, bitcast=True).to(tl.int64) << 32
+    word = ((second.to(tl.int32) & 0xFFFF).to(tl.int64) << 32
             | low.to(tl.uint32, bitcast=True).to(tl.int64))
     tl.store(slab_ptr + tl.cast(tile, tl.int64) * SLAB + rank,
              word.to(slab_ptr.dtype.element_ty), mask=keep)
@@ -152,18 +150,15 @@ def store_count(counts_ptr, dense_ptr, tile, total, SLAB: tl.constexpr):
 
 
 @triton.jit
-def place(index_ptr, values_ptr, total, at, flags, offsets, first, second, third,
+def place(index_ptr, values_ptr, total, at, flags, offsets, first, second,
           VALUES: tl.constexpr):
-    """Write a dense tile's flagged elements straight into the outputs from slot ``at``:
-    the first ``VALUES`` of ``first``, ``second``, ``third`` as rows of ``total``."""
+    """Write a dense tile's flagged elements straight into the outputs from slot ``at``."""
     at = at + slots(flags)
     keep = flags != 0
     tl.store(index_ptr + at, offsets.to(index_ptr.dtype.element_ty), mask=keep)
     tl.store(values_ptr + at, first.to(tl.int16), mask=keep)
-    if VALUES >= 2:
+    if VALUES == 2:
         tl.store(values_ptr + total + at, second.to(tl.int16), mask=keep)
-    if VALUES == 3:
-        tl.store(values_ptr + 2 * total + at, third.to(tl.int16), mask=keep)
 
 
 @triton.jit(do_not_specialize=["tiles", "total", "steps"])
@@ -227,8 +222,7 @@ def gather(counts: torch.Tensor, ends: torch.Tensor, total: int, slab: torch.Ten
            starts: torch.Tensor, *, steps: int, numel: int, values: int, rows: int,
            capacity: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Flat outputs of a group: member-local indices and a ``[values, total]`` int16 tensor
-    (``slab``: int32 words for one value, int64 for two or three), sorted within each
-    member.
+    (``slab``: int32 words for one value, int64 for two), sorted within each member.
 
     ``counts`` holds each tile's count, ``ends`` their inclusive cumulative sum (each
     tile's end in the outputs), ``total`` their sum; ``starts`` and ``steps`` are the

@@ -151,7 +151,7 @@ def _in_param(found: ChangeSet, shard: MainShard) -> ChangeSet:
     if shard.start == 0 and found.indices.dtype == dtype:
         return found
     return ChangeSet((found.indices.to(torch.int64) + shard.start).to(dtype), found.base_low,
-                     found.base_high, found.values)
+                     found.base_high)
 
 
 def attach(optimizer: object, model: torch.nn.Module | Sequence[torch.nn.Module], *,

@@ -8,9 +8,6 @@ weights: one all-gather of the per-param counts, then the indices and bounds pac
 int64 in windows of at most ``window_bytes`` over all ranks (``DTE_INVERSION_ALLREDUCE_WINDOW_MB``),
 so the in-flight buffer stays bounded whatever the change rate. Every rank must call it
 with the same param names in the same order (the model's), as with any collective.
-The merged change sets carry no new values (``ChangeSet.values``): the encoder reads them
-from the weights, which every rank holds whole, where gathering them would add a fourth
-field per element to the collective.
 """
 
 from __future__ import annotations
