@@ -40,8 +40,9 @@ _INSTRUCTION = re.compile(r"\s*/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;")
 _BRANCH = re.compile(r"(@!?U?P\w+\s+)?BRA\s+(?:`\(\.L_x_\d+\)|0x)?([0-9a-f]+)")
 
 
-def _compile(fn, constants: dict, pointers: dict) -> tuple[str, int]:
-    """SASS text and registers of ``fn`` for sm_``ARCH``."""
+def _compile(fn, constants: dict, pointers: dict, registers: int | None) -> tuple[str, int]:
+    """SASS text and registers of ``fn`` for sm_``ARCH`` (at most ``registers``, the
+    module's ``REGISTERS`` cap, if set)."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -56,7 +57,8 @@ def _compile(fn, constants: dict, pointers: dict) -> tuple[str, int]:
     source = ASTSource(fn=fn, signature=signature, attrs=attrs,
                        constexprs={(names.index(k),): v for k, v in constants.items()})
     kernel = triton.compile(source, target=GPUTarget("cuda", ARCH, 32),
-                            options={"num_warps": WARPS, "enable_fp_fusion": False})
+                            options={"num_warps": WARPS, "enable_fp_fusion": False,
+                                     **({"maxnreg": registers} if registers else {})})
     tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
     with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as cubin:
         cubin.write(kernel.asm["cubin"])
@@ -98,18 +100,18 @@ def main() -> int:
     import triton.language as tl
     inversion = importlib.import_module("dte_detector.inversion_kernel")
     cast = importlib.import_module("dte_detector.cast_kernel")
-    kernels = [("inversion _mark", inversion._mark, _POINTERS,
+    kernels = [("inversion _mark", inversion, inversion._mark, _POINTERS,
                 {"DECAY_IS_ONE": False, "PAYLOAD": tl.bfloat16, "ROWS": ROWS,
                  "SLAB": ROWS * 8 // inversion.SLAB_FRACTION, "ALIGN": 4, "NARROW": True}),
-               ("cast _record", cast._record, {**_POINTERS, **_CAST_SLAB},
+               ("cast _record", cast, cast._record, {**_POINTERS, **_CAST_SLAB},
                 {"PAYLOAD": tl.bfloat16, "NAN_ABOVE": 0x7F80, "COPY": True, "ROWS": ROWS,
                  "SLAB": ROWS * 8 // cast.SLAB_FRACTION, "FP32_ALIGN": 4, "HALF_ALIGN": 8,
                  "NARROW": True})]
     print("| kernel | registers | loop instructions (8 elements/thread) | without slow paths |")
     print("|---|---|---|---|")
-    for name, fn, pointers, constants in kernels:
+    for name, module, fn, pointers, constants in kernels:
         constants = {k: v for k, v in constants.items() if k in fn.arg_names}
-        sass, registers = _compile(fn, constants, pointers)
+        sass, registers = _compile(fn, constants, pointers, getattr(module, "REGISTERS", None))
         total, common = loop_counts(sass)
         print(f"| {name} | {registers} | {total} | {common} |")
     return 0

@@ -83,8 +83,10 @@ def parse() -> argparse.Namespace:
     parser.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
     parser.add_argument("--sha", default=None, help="default: this checkout's")
     parser.add_argument("--profile", action="store_true")
-    parser.add_argument("--registers", type=int, default=None,
-                        help="cap both detection kernels' registers per thread (maxnreg)")
+    parser.add_argument("--inversion-registers", type=int, default=None,
+                        help="registers per thread for _mark (maxnreg; 0: no cap)")
+    parser.add_argument("--cast-registers", type=int, default=None,
+                        help="registers per thread for _record (maxnreg; 0: no cap)")
     parser.add_argument("--out", default=None, help="write the results as JSON here")
     return parser.parse_args()
 
@@ -356,8 +358,10 @@ def markdown(row: dict, meta: dict) -> list[str]:
 
 def main() -> int:
     args = parse()
-    if args.registers:
-        inversion_kernel.REGISTERS = cast_kernel.REGISTERS = args.registers
+    if args.inversion_registers is not None:
+        inversion_kernel.REGISTERS = args.inversion_registers or None
+    if args.cast_registers is not None:
+        cast_kernel.REGISTERS = args.cast_registers or None
     meta = {"date": datetime.date.today().isoformat(), "sha": args.sha or git_sha(),
             "machine": machine("cuda"),
             "command": "python3 tools/gpu/bench_kernels.py " + " ".join(sys.argv[1:])}

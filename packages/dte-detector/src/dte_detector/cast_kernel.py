@@ -39,8 +39,9 @@ WAVES = 64
 """Programs per multiprocessor (``staging.programs``): more than fit at once (about five),
 so that the programs' last tiles even out across the multiprocessors (measured against
 16, 32 and 128 in docs/benchmarks.md)."""
-REGISTERS: int | None = None
-"""A cap on registers per thread (``maxnreg``), None: the compiler's choice."""
+REGISTERS: int | None = 72
+"""A cap on registers per thread (``maxnreg``; None: the compiler's 124): 7 programs of 4
+warps per multiprocessor instead of 4 (measured against 96 and 80: docs/benchmarks.md)."""
 SLAB_FRACTION = 4
 """A tile stages at most a quarter of its elements as first seen (1 byte of scratch per
 element); a denser tile is done again by the dense pass."""
