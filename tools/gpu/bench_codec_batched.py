@@ -94,6 +94,10 @@ def parse() -> argparse.Namespace:
                    "(default: encode_kernel's), e.g. to sweep them in one run")
     p.add_argument("--decoder-block", type=int, default=None,
                    help="the fused decoder's elements per program (default: decode_kernel's)")
+    p.add_argument("--write-registers", type=int, default=None,
+                   help="cap _write's registers per thread (maxnreg; 0: no cap)")
+    p.add_argument("--fields-registers", type=int, default=None,
+                   help="cap _fields' registers per thread (maxnreg; 0: no cap)")
     args = p.parse_args()
     if args.smoke:
         args.layers, args.hidden, args.intermediate, args.vocab = 2, 64, 192, 1000
@@ -218,6 +222,12 @@ def main() -> None:
     if a.decoder_block is not None:
         from dte_codec import decode_kernel
         decode_kernel.BLOCK = a.decoder_block
+    if a.write_registers is not None:
+        from dte_codec import encode_kernel
+        encode_kernel.REGISTERS = a.write_registers or None
+    if a.fields_registers is not None:
+        from dte_codec import decode_kernel
+        decode_kernel.REGISTERS = a.fields_registers or None
     device = torch.device(a.device)
     weights, bases, changes = trajectory(a, device)
     changed = sum(c.indices.numel() for c in changes.values())

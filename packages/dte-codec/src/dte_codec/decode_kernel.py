@@ -41,6 +41,8 @@ from .kernel_bits import (bit_length, column, flags_before, get_fields, load_uni
 from .rank_select import bounds, last_at_most, popcount, select
 
 BLOCK = 512
+REGISTERS: int | None = None
+"""A cap on ``_fields``' registers per thread (``maxnreg``), None: the compiler's choice."""
 """Elements (or stream words) per program: at 1,024 (8 per thread) ``_fields`` held 156
 registers, 3 programs per SM; at 512, 69 and 7, which hide its dependent loads better."""
 _INT64 = torch.int64
@@ -276,7 +278,8 @@ def _decode(rows: np.ndarray, counts: np.ndarray, words: torch.Tensor,
     grid = (total_blocks,)
     args = (table, block_seg, segments)
     _fields[grid](*args, streams, streams.shape[1], table if ranks is None else ranks.before,
-                  words, last, out, wides, BLOCK=BLOCK)
+                  words, last, out, wides, BLOCK=BLOCK,
+                  **({"maxnreg": REGISTERS} if REGISTERS else {}))
     # what ``_fields`` does not read is queued behind it: the device is busy meanwhile
     failures = [] if ranks is None else [ranks.failures(streams)]
     if escapes is not None:

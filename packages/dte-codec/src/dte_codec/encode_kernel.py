@@ -52,6 +52,8 @@ and spill). Small programs, so that an SM holds several: their block-wide scans 
 barriers overlap (one H200, the Qwen3-4B delta of ``tools/gpu/bench_codec_batched.py
 --encode-only``: ``_write`` 5.6 ms with 1,024 elements and 16 warps, 4.8 with 512 and 8,
 3.3 with 256 and 4, 3.2 with 128 and 2, where ``_stats`` grew; the same bytes)."""
+REGISTERS: int | None = None
+"""A cap on ``_write``'s registers per thread (``maxnreg``), None: the compiler's choice."""
 HIST_BINS = 64
 """Histogram bins per tensor; a residue needs at most 33 bits."""
 _NEED_MASK = tl.constexpr(63)
@@ -353,7 +355,8 @@ class FusedFlat:
                 _write[(self.blocks,)](self.items, layout.table, self.block_seg,
                                        self.segments, self.codes, self.patterns.data_ptr(),
                                        self.pattern_size, *ranks, self.blocks, body,
-                                       BLOCK=BLOCK, num_warps=WARPS)
+                                       BLOCK=BLOCK, num_warps=WARPS,
+                                       **({"maxnreg": REGISTERS} if REGISTERS else {}))
         return body[:words].view(torch.uint8)
 
 
