@@ -52,8 +52,9 @@ and spill). Small programs, so that an SM holds several: their block-wide scans 
 barriers overlap (one H200, the Qwen3-4B delta of ``tools/gpu/bench_codec_batched.py
 --encode-only``: ``_write`` 5.6 ms with 1,024 elements and 16 warps, 4.8 with 512 and 8,
 3.3 with 256 and 4, 3.2 with 128 and 2, where ``_stats`` grew; the same bytes)."""
-REGISTERS: int | None = None
-"""A cap on ``_write``'s registers per thread (``maxnreg``), None: the compiler's choice."""
+REGISTERS: int | None = 56
+"""A cap on ``_write``'s registers per thread (``maxnreg``; None: the compiler's 78): 9
+programs per multiprocessor instead of 6 (docs/benchmarks.md: 56, 64 and none measured)."""
 HIST_BINS = 64
 """Histogram bins per tensor; a residue needs at most 33 bits."""
 _NEED_MASK = tl.constexpr(63)
