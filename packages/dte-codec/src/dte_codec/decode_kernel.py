@@ -41,10 +41,11 @@ from .kernel_bits import (bit_length, column, flags_before, get_fields, load_uni
 from .rank_select import bounds, last_at_most, popcount, select
 
 BLOCK = 512
-REGISTERS: int | None = None
-"""A cap on ``_fields``' registers per thread (``maxnreg``), None: the compiler's choice."""
 """Elements (or stream words) per program: at 1,024 (8 per thread) ``_fields`` held 156
 registers, 3 programs per SM; at 512, 69 and 7, which hide its dependent loads better."""
+REGISTERS: int | None = None
+"""A cap on ``_fields``' registers per thread (``maxnreg``), None: the compiler's choice
+(64 and 56 gave it 2 % at most: docs/benchmarks.md)."""
 _INT64 = torch.int64
 _FIRST_BLOCK = tl.constexpr(0)
 _START = tl.constexpr(1)
