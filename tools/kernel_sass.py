@@ -58,7 +58,7 @@ def _compile(fn, constants: dict, pointers: dict, registers: int | None) -> tupl
                        constexprs={(names.index(k),): v for k, v in constants.items()})
     kernel = triton.compile(source, target=GPUTarget("cuda", ARCH, 32),
                             options={"num_warps": WARPS, "enable_fp_fusion": False,
-                                     **({"maxnreg": registers} if registers else {})})
+                                     "maxnreg": registers})
     tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
     with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as cubin:
         cubin.write(kernel.asm["cubin"])

@@ -280,7 +280,7 @@ def _decode(rows: np.ndarray, counts: np.ndarray, words: torch.Tensor,
     args = (table, block_seg, segments)
     _fields[grid](*args, streams, streams.shape[1], table if ranks is None else ranks.before,
                   words, last, out, wides, BLOCK=BLOCK,
-                  **({"maxnreg": REGISTERS} if REGISTERS else {}))
+                  maxnreg=REGISTERS)
     # what ``_fields`` does not read is queued behind it: the device is busy meanwhile
     failures = [] if ranks is None else [ranks.failures(streams)]
     if escapes is not None:

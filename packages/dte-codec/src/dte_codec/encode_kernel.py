@@ -357,7 +357,7 @@ class FusedFlat:
                                        self.segments, self.codes, self.patterns.data_ptr(),
                                        self.pattern_size, *ranks, self.blocks, body,
                                        BLOCK=BLOCK, num_warps=WARPS,
-                                       **({"maxnreg": REGISTERS} if REGISTERS else {}))
+                                       maxnreg=REGISTERS)
         return body[:words].view(torch.uint8)
 
 

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 import attrs
 import xxhash
 
+from .body_digest import U64
 from .encodings import DTYPES, MAX_NDIM, SIZE_LIMIT, IndexEncoding, Kind, ValueEncoding, align
 from .entry import Entry, check_field
 from .errors import DigestError, HeaderError
@@ -42,7 +43,6 @@ BODY_DIGEST_OFFSET = struct.calcsize("<4sHBBIIqqQQH")
 """Byte offset of the 8-byte body digest field inside the prelude."""
 _HEADER_LENGTH = struct.Struct("<I")
 _HEADER_LENGTH_OFFSET = 8
-_U64 = (1 << 64) - 1
 
 
 def _entries(entries: Sequence[Entry]) -> tuple[Entry, ...] | Entries:
@@ -166,7 +166,7 @@ def sealed(head: bytes, body_digest: int) -> bytes:
     """``head`` (``Header.pack``'s bytes: digest fields zero) with the body digest
     ``body_digest`` (taken mod 2**64) and then its own digest set."""
     head = bytearray(head)
-    struct.pack_into("<Q", head, BODY_DIGEST_OFFSET, body_digest & _U64)
+    struct.pack_into("<Q", head, BODY_DIGEST_OFFSET, body_digest & U64)
     struct.pack_into("<Q", head, DIGEST_OFFSET, header_digest(head))
     return bytes(head)
 

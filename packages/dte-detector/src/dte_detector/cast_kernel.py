@@ -194,7 +194,7 @@ def record(members: Sequence[tuple[torch.Tensor, torch.Tensor, torch.Tensor]],
                   "FP32_ALIGN": _FP32_ALIGN if group.aligned else 1,
                   "HALF_ALIGN": _HALF_ALIGN if group.aligned else 1,
                   "NARROW": narrow(group.numel, ROWS),
-                  **({"maxnreg": REGISTERS} if REGISTERS else {})}
+                  "maxnreg": REGISTERS}
         tables = (master, model.view(torch.int16), dirty, group.offsets, group.offsets.shape[1],
                   group.numels, group.starts, counts)
         _record[(programs(group.tiles, device, waves=WAVES),)](

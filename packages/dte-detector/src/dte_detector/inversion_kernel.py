@@ -253,7 +253,7 @@ def invert(flats: Sequence[tuple[torch.Tensor, torch.Tensor, torch.Tensor]],
         config = {"DECAY_IS_ONE": decay_is_one, "PAYLOAD": _PAYLOAD[dtype], "ROWS": ROWS,
                   "SLAB": slab, "ALIGN": _FP32_ALIGN if group.aligned else 1,
                   "NARROW": narrow(group.numel, ROWS), **_FIXED,
-                  **({"maxnreg": REGISTERS} if REGISTERS else {})}
+                  "maxnreg": REGISTERS}
         tables = (*flats[group.members[0]], group.offsets, group.offsets.shape[1], group.numels,
                   group.starts, counts)
         _mark[(programs(group.tiles, device, waves=WAVES),)](
